@@ -1,0 +1,108 @@
+"""The default corpus: English text that every Python 3.11 install carries.
+
+`stdlib_corpus()` joins the help topics of `pydoc_data.topics` with the docstrings of a fixed
+list of standard-library modules, in a fixed order, so the text is the same on every machine.
+`stress_lines()` adds short lines that break naive tokenizers (accents, CJK, emoji, ...).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+# Modules whose docstrings join the corpus, in this order. Chosen for plain English prose,
+# no import side effects, and the same contents on every platform (no `os`, `socket`, ...).
+CORPUS_MODULES: tuple[str, ...] = (
+    "builtins", "collections", "itertools", "functools", "operator", "string", "re",
+    "textwrap", "difflib", "json", "csv", "datetime", "calendar", "decimal", "fractions",
+    "random", "statistics", "math", "pathlib", "tempfile", "glob", "fnmatch", "io",
+    "pickle", "copy", "pprint", "enum", "dataclasses", "typing", "abc", "contextlib",
+    "argparse", "logging", "threading", "queue", "subprocess", "email.message",
+    "urllib.parse", "http.client", "html.parser", "xml.etree.ElementTree", "zipfile",
+    "tarfile", "gzip", "hashlib", "hmac", "secrets", "struct", "codecs", "unicodedata",
+    "gettext", "inspect", "ast", "dis", "traceback", "warnings", "unittest", "doctest",
+    "heapq", "bisect", "array", "weakref", "types", "sched", "concurrent.futures",
+    "sqlite3", "configparser", "shlex", "cmd", "timeit", "cProfile", "pdb", "tokenize",
+    "ipaddress", "uuid", "base64", "binascii",
+)
+
+
+def _module_docstrings(name: str) -> list[str]:
+    """Docstrings of one module: the module, then its classes/functions and their methods."""
+    module = importlib.import_module(name)
+    docs = [module.__doc__ or ""]
+    for attr in sorted(vars(module)):
+        obj = getattr(module, attr)
+        if getattr(obj, "__module__", None) != module.__name__ or attr.startswith("_"):
+            continue
+        if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+            docs.append(obj.__doc__ or "")
+        if inspect.isclass(obj):
+            for method in sorted(vars(obj)):
+                if not method.startswith("_"):
+                    docs.append(getattr(vars(obj)[method], "__doc__", None) or "")
+    return [inspect.cleandoc(d) for d in docs if isinstance(d, str) and d.strip()]
+
+
+@functools.lru_cache(maxsize=None)
+def _full_corpus() -> str:
+    from pydoc_data.topics import topics
+
+    parts = [topics[key].strip() for key in sorted(topics)]
+    for name in CORPUS_MODULES:
+        parts.extend(_module_docstrings(name))
+    return "\n\n".join(parts) + "\n"
+
+
+def stdlib_corpus(max_bytes: int | None = None) -> str:
+    """About 1 MB of English: `pydoc_data.topics` then stdlib docstrings, fixed order.
+
+    With `max_bytes`, the text is cut at the last line break that fits in that many UTF-8
+    bytes, e.g. `stdlib_corpus(200_000)` for a quick experiment.
+    """
+    text = _full_corpus()
+    if max_bytes is None:
+        return text
+    if not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    cut = data[:max_bytes]
+    newline = cut.rfind(b"\n")
+    return cut[: newline + 1 if newline >= 0 else 0].decode("utf-8", errors="ignore")
+
+
+_STRESS_LINES: tuple[str, ...] = (
+    "café, naïve, façade, résumé, Ångström, São Paulo, Zürich, Dvořák, Łódź",
+    "cafe\u0301 with a combining acute, n\u0303 and a\u0308\u0304 stacked marks",
+    "ÉCOLE FRANÇAISE À L'ÉTÉ; İstanbul ve Iğdır; Straße and STRASSE",
+    "机器学习是人工智能的一个分支。深度学习使用多层神经网络来学习数据的表示。",
+    "東京は日本の首都です。ひらがな、カタカナ、漢字が混ざっています。",
+    "한국어 문장도 토큰화할 수 있습니다. 안녕하세요, 세계!",
+    "emoji: 😀 🎉 👍🏽 ❤️ and a family 👨\u200d👩\u200d👧\u200d👦 and flags 🇯🇵🇫🇷🇺🇸",
+    "العربية تُكتب من اليمين إلى اليسار، وكذلك العبرية: שלום עולם",
+    "mixed direction: the word שלום means peace and سلام too",
+    "zero\u200bwidth\u200bspaces and a joiner a\u200db and a non\u00a0breaking\u00a0space",
+    "tabs\tbetween\twords and  double  spaces   and trailing spaces   ",
+    "line one\nline two\r\nline three\n\n\nafter blank lines",
+    "    leading spaces, then words",
+    "numbers 0 12 345 6789 3.14159 1,000,000 2026-11-21 0x1F 1e-10 ١٢٣",
+    "contractions: don't, I'm, we've, they'll, she'd, it's, DON'T, I'M, y'all",
+    "punctuation!!! ??? ... --- (brackets) [list] {dict} <tag> @user #hash $5 100% a&b",
+    "code: def f(x): return x**2  # comment\n    if a != b: print(f'{a=}')",
+    "URLs https://example.com/path?q=1&r=2 and e-mail someone@example.org",
+    "Ελληνικά γράμματα, кириллица тоже, and ελληνικά lowercase",
+    "ａｂｃ fullwidth letters, ﬁ ligature, ① circled, ² superscript, ½ fraction",
+    "a" * 50 + " " + "ab" * 30,
+    "ÀÁÂÃÄÅàáâãäå ÇçÈÉÊËèéêë ÌÍÎÏìíîï ÑñÒÓÔÕÖòóôõö ÙÚÛÜùúûü",
+    "",
+    " ",
+    "<|endoftext|> looks like a special token but is just text here",
+)
+
+
+def stress_lines() -> list[str]:
+    """Hard lines for tokenizers: accents, combining marks, CJK, emoji ZWJ, RTL, odd spaces."""
+    return list(_STRESS_LINES)
