@@ -1,0 +1,56 @@
+"""The position-wise feed-forward network (Vaswani et al., 3.3).
+
+    FFN(x) = act(x W_1 + b_1) W_2 + b_2,   act = ReLU (Vaswani) or GELU (GPT, BERT)
+
+The same two-layer MLP is applied to every position separately: it mixes features within a
+token, never across tokens (that is attention's job). Shape legend: B, T, C, and F = d_ff.
+"""
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+
+
+def relu(x: Tensor) -> Tensor:
+    """max(0, x)."""
+    return torch.clamp_min(x, 0.0)
+
+
+def gelu(x: Tensor) -> Tensor:
+    """x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), the exact GELU (Hendrycks & Gimpel; BERT)."""
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the approximation used by GPT-2."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def activation(name: str):
+    """Look an activation function up by name: 'relu', 'gelu' (erf form) or 'gelu_tanh'."""
+    table = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh}
+    if name not in table:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {name!r}")
+    return table[name]
+
+
+class FeedForward(nn.Module):
+    """Linear C -> F, activation, Linear F -> C, applied at each position (Vaswani 3.3)."""
+
+    def __init__(
+        self, d_model: int, d_ff: int, activation_name: str = "relu", dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.act = activation(activation_name)
+        self.fc_in = nn.Linear(d_model, d_ff, bias=bias)  # W_1, b_1: "diffuse"
+        self.fc_out = nn.Linear(d_ff, d_model, bias=bias)  # W_2, b_2: "compress"
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> (B, T, C)."""
+        h = self.act(self.fc_in(x))  # (B, T, F)
+        return self.fc_out(self.dropout(h))  # (B, T, C)

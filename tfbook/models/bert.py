@@ -1,0 +1,161 @@
+"""An encoder-only transformer, BERT-style (Devlin et al. 2019).
+
+    token + position + token-type embeddings -> LayerNorm -> N post-LN encoder blocks
+    (bidirectional self-attention, GELU FFN) -> hidden states (B, T, C)
+    pooler: tanh(W h_[CLS] + b);   MLM head: LayerNorm(GELU(W h + b)) E^T + bias
+
+Shape legend: B batch, T sequence, C model width, H heads, V vocab.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tfbook.blocks import BlockConfig, EncoderBlock
+from tfbook.embeddings import TokenEmbedding, check_token_ids
+from tfbook.feedforward import gelu
+from tfbook.layernorm import LayerNorm
+from tfbook.masks import padding_mask
+from tfbook.positional import LearnedPositionalEmbedding
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Hyper-parameters of a BERT encoder; presets below, variants via `dataclasses.replace`."""
+
+    vocab_size: int = 30522  # V, BERT's uncased WordPiece vocabulary
+    max_position: int = 512  # context length: number of learned position vectors
+    type_vocab_size: int = 2  # token types ("segment A / B" for sentence pairs)
+    n_layer: int = 12  # number of encoder blocks
+    n_head: int = 12  # H, attention heads per block
+    d_model: int = 768  # C, hidden size
+    d_ff: int = 3072  # F, FFN hidden size ("intermediate size")
+    dropout: float = 0.1  # hidden and attention dropout
+    layer_norm_eps: float = 1e-12  # BERT's (very small) LayerNorm epsilon
+    fused_attention: bool = True  # fused kernel when attention weights are not requested
+
+    def block_config(self) -> BlockConfig:
+        """The per-block settings: post-LN, exact (erf) GELU."""
+        return BlockConfig(
+            d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, dropout=self.dropout,
+            activation="gelu", norm_first=False, layer_norm_eps=self.layer_norm_eps,
+            fused_attention=self.fused_attention,
+        )
+
+    @classmethod
+    def bert_base(cls) -> "BertConfig":
+        """BERT-base: 12 layers, width 768, 12 heads; 109,482,240 parameters with the pooler."""
+        return cls()
+
+    @classmethod
+    def minilm_l6(cls) -> "BertConfig":
+        """all-MiniLM-L6-v2: 6 layers, width 384, 12 heads of size 32."""
+        return cls(n_layer=6, d_model=384, d_ff=1536)
+
+    @classmethod
+    def tiny(cls) -> "BertConfig":
+        """A toy size for tests."""
+        return cls(vocab_size=100, max_position=32, n_layer=2, n_head=4, d_model=32, d_ff=64)
+
+
+@dataclass
+class BertOutput:
+    """What `Bert.forward` returns."""
+
+    last_hidden_state: Tensor  # (B, T, C), one contextual vector per token
+    pooled: Tensor  # (B, C), tanh(W h_[CLS] + b), for sentence-level classification
+    attentions: list[Tensor]  # per layer (B, H, T, T); empty unless need_weights=True
+
+
+class BertEmbeddings(nn.Module):
+    """Sum of token, position and token-type embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.token = TokenEmbedding(config.vocab_size, config.d_model)
+        self.position = LearnedPositionalEmbedding(config.max_position, config.d_model)
+        self.token_type = TokenEmbedding(config.type_vocab_size, config.d_model)
+        self.norm = LayerNorm(config.d_model, config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """input_ids (B, T), token_type_ids (B, T) or None (all type 0) -> (B, T, C)."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.token(input_ids) + self.token_type(token_type_ids)  # (B, T, C)
+        x = self.position(x)  # (B, T, C), adds one learned vector per position
+        return self.dropout(self.norm(x))
+
+
+class Bert(nn.Module):
+    """BERT encoder with pooler: token ids -> contextual vectors (B, T, C) and pooled (B, C)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.blocks = nn.ModuleList(
+            [EncoderBlock(config.block_config()) for _ in range(config.n_layer)]
+        )
+        self.pooler = nn.Linear(config.d_model, config.d_model)  # on the [CLS] vector
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> BertOutput:
+        """input_ids (B, T); attention_mask (B, T) is 1/True at real tokens, 0/False at padding."""
+        check_token_ids(input_ids, self.config.vocab_size)
+        B, T = input_ids.size()
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (B, T):
+                raise ValueError(
+                    f"attention_mask must have the shape of input_ids {(B, T)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            mask = padding_mask(attention_mask)  # (B, 1, 1, T): padded keys are hidden
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, mask=mask, need_weights=need_weights)  # (B, T, C)
+            if need_weights:
+                attentions.append(weights)  # (B, H, T, T)
+        pooled = torch.tanh(self.pooler(x[:, 0]))  # (B, C) from the first ([CLS]) token
+        return BertOutput(x, pooled, attentions)
+
+
+class BertMLMHead(nn.Module):
+    """Masked-language-model head: transform, then unembed with the tied token matrix."""
+
+    def __init__(self, config: BertConfig, token_embedding: TokenEmbedding) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.norm = LayerNorm(config.d_model, config.layer_norm_eps)
+        self.token_embedding = token_embedding  # shared E: (V, C)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # (V,)
+
+    def forward(self, h: Tensor) -> Tensor:
+        """h (B, T, C) -> logits over the vocabulary (B, T, V)."""
+        h = self.norm(gelu(self.dense(h)))  # (B, T, C)
+        return h @ self.token_embedding.weight.T + self.bias  # (B, T, V)
+
+
+class BertForMaskedLM(nn.Module):
+    """BERT plus the MLM head: predicts the tokens hidden behind [MASK] (Devlin et al., 3.1)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.bert = Bert(config)
+        self.mlm_head = BertMLMHead(config, self.bert.embeddings.token)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids (B, T) -> MLM logits (B, T, V)."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        return self.mlm_head(out.last_hidden_state)

@@ -1,0 +1,68 @@
+"""Positional encodings: telling the model where each token is (Vaswani et al., 3.5).
+
+Without them attention is permutation-equivariant: shuffle the tokens and the outputs are
+shuffled the same way, so word order would be invisible.
+
+    PE[pos, 2i]   = sin(pos / base^(2i / C))
+    PE[pos, 2i+1] = cos(pos / base^(2i / C))
+
+Shape legend: B batch, T sequence, C model width.
+"""
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_encoding(T: int, C: int, base: float = 10000.0) -> Tensor:
+    """The (T, C) table of sines and cosines of Vaswani et al., section 3.5.
+
+    sinusoidal_encoding(2, 4)[1] == [sin 1, cos 1, sin 0.01, cos 0.01]
+    """
+    if C % 2 != 0:
+        raise ValueError(f"sinusoidal encoding needs an even width C, got C={C}")
+    pos = torch.arange(T, dtype=torch.float64)[:, None]  # (T, 1)
+    inv_freq = base ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)  # (C/2,)
+    angles = pos * inv_freq  # (T, C/2): position times frequency
+    pe = torch.empty(T, C, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)  # even features
+    pe[:, 1::2] = torch.cos(angles)  # odd features
+    return pe.float()  # computed in float64 so long positions keep their precision
+
+
+def check_length(T: int, max_len: int) -> None:
+    """Raise a clear error if a sequence of length T does not fit a context of max_len."""
+    if T > max_len:
+        raise ValueError(
+            f"sequence length {T} exceeds the model's context length {max_len}"
+        )
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds the fixed sinusoidal table to x (Vaswani et al., 3.5); no parameters."""
+
+    def __init__(self, max_len: int, d_model: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.max_len = max_len
+        # a buffer moves with .to(device) but is not trained and not saved in state_dict
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model, base), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> x + PE[:T] (B, T, C)."""
+        B, T, C = x.size()
+        check_length(T, self.max_len)
+        return x + self.pe[:T]  # (T, C) broadcasts over the batch
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """One trained vector per position, added to x (GPT, BERT)."""
+
+    def __init__(self, max_len: int, d_model: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)  # (max_len, C)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> x + P[:T] (B, T, C)."""
+        B, T, C = x.size()
+        check_length(T, self.max_len)
+        return x + self.weight[:T]  # (T, C) broadcasts over the batch

@@ -1,0 +1,79 @@
+"""Rotary position embedding (RoPE, Su et al. 2021): rotate 2-D planes of q and k.
+
+Plane n of a D-wide head vector is rotated by the angle pos * theta_n with
+theta_n = base^(-2n / D), n = 0 .. D/2 - 1. Because R(a)^T R(b) = R(b - a), the dot product
+of a query rotated for position i and a key rotated for position j depends only on j - i.
+
+Two conventions pair the features into planes differently:
+
+- "interleaved" (the paper, the seed, GPT-J): planes are (x0, x1), (x2, x3), ...
+- "half" (GPT-NeoX, LLaMA): planes are (x0, x_{D/2}), (x1, x_{D/2+1}), ...
+
+They are the same operation up to a fixed permutation of the features: `to_half_split`
+moves even features to the front half and odd ones to the back half.
+"""
+
+import torch
+from torch import Tensor
+
+CONVENTIONS = ("interleaved", "half")
+
+
+def rope_frequencies(D: int, base: float = 10000.0) -> Tensor:
+    """theta_n = base^(-2n / D) for the D/2 planes, fastest first: (D/2,)."""
+    if D % 2 != 0:
+        raise ValueError(f"RoPE needs an even head size D, got D={D}")
+    return base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+
+
+def rope_angles(positions: Tensor, D: int, base: float = 10000.0) -> Tensor:
+    """pos * theta_n for every position and plane: positions (T,) -> (T, D/2), float64."""
+    return positions.to(torch.float64)[:, None] * rope_frequencies(D, base)  # (T, D/2)
+
+
+def apply_rope(
+    x: Tensor,
+    positions: Tensor | None = None,
+    base: float = 10000.0,
+    convention: str = "interleaved",
+) -> Tensor:
+    """Rotate each plane of x (..., T, D) by pos * theta_n; positions default to 0 .. T-1."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    T, D = x.shape[-2:]
+    if positions is None:
+        positions = torch.arange(T, device=x.device)
+    if positions.shape != (T,):
+        raise ValueError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
+    angles = rope_angles(positions, D, base)  # (T, D/2)
+    cos = torch.cos(angles).to(x.dtype)  # (T, D/2)
+    sin = torch.sin(angles).to(x.dtype)  # (T, D/2)
+    if convention == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: first and second coordinate
+    else:
+        a, b = x[..., : D // 2], x[..., D // 2 :]  # (..., T, D/2) each
+    # [a'; b'] = [[cos, -sin], [sin, cos]] [a; b]: a counter-clockwise rotation per plane
+    a_rot = a * cos - b * sin
+    b_rot = a * sin + b * cos
+    if convention == "interleaved":
+        return torch.stack((a_rot, b_rot), dim=-1).flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
+    return torch.cat((a_rot, b_rot), dim=-1)  # (..., T, D)
+
+
+def half_split_permutation(D: int) -> Tensor:
+    """Feature order that turns interleaved planes into half-split ones: [0, 2, .., 1, 3, ..].
+
+    half_split_permutation(6) == [0, 2, 4, 1, 3, 5]
+    """
+    return torch.cat((torch.arange(0, D, 2), torch.arange(1, D, 2)))  # (D,)
+
+
+def to_half_split(x: Tensor) -> Tensor:
+    """Permute features (..., D) from the interleaved layout to the half-split layout."""
+    return x[..., half_split_permutation(x.size(-1)).to(x.device)]
+
+
+def to_interleaved(x: Tensor) -> Tensor:
+    """Inverse of `to_half_split`: (..., D) half-split layout -> interleaved layout."""
+    inverse = torch.argsort(half_split_permutation(x.size(-1)))  # (D,)
+    return x[..., inverse.to(x.device)]
