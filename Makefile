@@ -1,0 +1,63 @@
+# tfbook: two commands do everything on a fresh machine.
+#   make book   set up, then build the whole book (every chapter executed) into _build/html
+#   make test   set up, then run every test (units, parity, nbval over chapters, browser)
+# Also: make lab (JupyterLab with the chapters as notebooks), make bench (benchmarks).
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PY_STAMP := $(VENV)/.tfbook-installed
+JS_STAMP := node_modules/.tfbook-installed
+PY_REQS := requirements.txt requirements-test.txt requirements-nodeps.txt constraints.txt pyproject.toml
+
+.PHONY: setup book test lab bench clean check-tools vendor
+
+setup: check-tools $(PY_STAMP) $(JS_STAMP)
+
+check-tools:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { \
+	  echo "error: '$(PYTHON)' was not found. tfbook needs Python 3.11."; \
+	  echo "  Debian/Ubuntu: apt-get install python3.11 python3.11-venv   (or pyenv install 3.11)"; \
+	  echo "  Or point the Makefile at one: make book PYTHON=/path/to/python3.11"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
+	  echo "error: '$(PYTHON)' is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), tfbook needs 3.11."; \
+	  echo "  Give one: make book PYTHON=/path/to/python3.11"; exit 1; }
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "error: 'npm' was not found. The book serves MathJax and the widget JavaScript itself,"; \
+	  echo "  installed from npm. Install Node.js 18+ with npm: apt-get install nodejs npm"; exit 1; }
+
+$(PY_STAMP): $(PY_REQS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c constraints.txt -r requirements.txt -r requirements-test.txt
+	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (tfbook)" >/dev/null
+	touch $@
+
+$(JS_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Copy the pinned front-end files to _vendor/, which Sphinx copies to the site root
+# (html_extra_path) without adding them to every page.
+vendor: $(JS_STAMP) $(PY_STAMP)
+	$(BIN)/python scripts/vendor_assets.py
+
+book: setup vendor
+	$(BIN)/jupyter-book build --all -W -n --keep-going . || { \
+	  echo "error: the book build failed (see the chapter and cell named above)."; exit 1; }
+	@echo
+	@echo "The book is built: open $(CURDIR)/_build/html/index.html"
+
+test: setup vendor
+	$(BIN)/python -m pytest
+
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.open_browser=False
+
+bench: setup
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf _build _vendor

@@ -1,0 +1,132 @@
+"""Helpers of the browser tests: serve a folder on 127.0.0.1 and open it in headless Chromium.
+
+Chromium is Debian's (`apt-get install chromium`), driven by Playwright for Python through
+`executable_path`: Playwright's own browser download cannot work on a machine that reaches
+only the package registries.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--disable-quic", "--no-first-run", "--disable-gpu",
+]
+
+
+def chromium_path() -> str:
+    """The Debian Chromium executable, or a clear error saying how to install it."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise RuntimeError(
+        "the browser tests need Debian's Chromium: run `apt-get install chromium` "
+        "(.ci/run does this when it is missing)"
+    )
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """Serve `folder` on a free port of 127.0.0.1; yields the base URL."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class PageLog:
+    """What a page did: console errors, uncaught exceptions, requests to other hosts, dialogs."""
+
+    base_url: str
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    foreign_requests: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+
+    def is_local(self, url: str) -> bool:
+        parsed = urlparse(url)
+        if parsed.scheme in ("data", "blob", "about"):
+            return True
+        return url.startswith(self.base_url)
+
+
+def watch(page, base_url: str) -> PageLog:
+    """Record what `page` does, and block (and log) every request to another host."""
+    log = PageLog(base_url)
+    page.on("console", lambda m: log.console_errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: log.page_errors.append(str(error)))
+
+    def on_dialog(dialog) -> None:
+        log.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+
+    def route(request_route) -> None:
+        url = request_route.request.url
+        if log.is_local(url):
+            request_route.continue_()
+        else:
+            log.foreign_requests.append(url)
+            request_route.abort()
+
+    page.route("**/*", route)
+    return log
+
+
+WIDGET_SNAPSHOT_JS = """(root) => {
+  const parts = [];
+  root.querySelectorAll('canvas').forEach((c) => parts.push(c.toDataURL()));
+  root.querySelectorAll('svg').forEach((s) => parts.push(s.outerHTML));
+  parts.push(root.innerText);
+  return parts.join('|');
+}"""
+
+
+def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -> Path:
+    """Write a standalone page showing `widget` from its saved state, as the book does.
+
+    The page loads the same front-end files as the built book (require.js, the widget
+    manager, anywidget), from `assets` copied next to it.
+    """
+    from ipywidgets.embed import embed_data
+
+    data = embed_data(views=[widget])
+    if not (folder / "assets").exists():
+        shutil.copytree(assets, folder / "assets")
+    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
+    view = json.dumps(data["view_specs"][0])
+    page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(name)}</title>
+<script src="assets/require.min.js"></script>
+<script src="assets/require-config.js"></script>
+<script src="assets/html-manager/embed-amd.js"></script>
+<script type="application/vnd.jupyter.widget-state+json">{state}</script>
+</head><body>
+<script type="application/vnd.jupyter.widget-view+json">{view}</script>
+</body></html>"""
+    path = folder / name
+    path.write_text(page, encoding="utf-8")
+    return path

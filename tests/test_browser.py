@@ -1,0 +1,91 @@
+"""The rendered book in a real browser: offline, math typeset, widgets respond without a kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch
+from tests.conftest import HTML, ROOT
+
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+
+
+def built_pages() -> list[str]:
+    """Every page of the built book, relative to _build/html (listed from the sources)."""
+    pages = ["index.html", "genindex.html", "search.html"]
+    for source in sorted((ROOT / "book").rglob("*.md")):
+        if "_build" not in source.parts:
+            pages.append(source.relative_to(ROOT).with_suffix(".html").as_posix())
+    return pages
+
+
+@pytest.fixture(scope="module")
+def site(book_html: Path):
+    with serve(book_html) as base_url:
+        yield base_url
+
+
+def snapshot(root) -> str:
+    return root.evaluate(WIDGET_SNAPSHOT_JS)
+
+
+def interact_and_check(page, root, name: str) -> None:
+    """A keyboard and a mouse interaction must each change what the widget draws."""
+    before = snapshot(root)
+    slider = root.locator("input[type=range]").first
+    if slider.count():
+        slider.focus()
+        at_max = slider.evaluate("(s) => Number(s.value) >= Number(s.max)")
+        page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+        page.wait_for_timeout(100)
+        after_key = snapshot(root)
+        assert after_key != before, f"{name}: pressing an arrow key on the slider changed nothing"
+        before = after_key
+    canvas = root.locator("canvas").first
+    if canvas.count():
+        box = canvas.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 3)
+        page.wait_for_timeout(100)
+        first = snapshot(root)
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] - 3)
+        page.wait_for_timeout(100)
+        assert snapshot(root) not in (first, before), f"{name}: moving the mouse changed nothing"
+
+
+@pytest.mark.parametrize("page_path", built_pages())
+def test_page_offline_typeset_and_interactive(browser, site: str, book_html: Path,
+                                              page_path: str) -> None:
+    source = (book_html / page_path).read_text(encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    log = watch(page, site)
+    page.goto(site + page_path, wait_until="load")
+
+    if 'class="math' in source:
+        page.wait_for_function("document.querySelectorAll('mjx-container').length > 0",
+                               timeout=20000)
+        n_math = page.locator(".math").count()
+        n_typeset = page.locator(".math mjx-container, mjx-container.MathJax").count()
+        assert n_typeset >= n_math, f"{page_path}: {n_math} formulas, {n_typeset} typeset"
+        body = page.locator("article").inner_text()
+        assert "$$" not in body, f"{page_path}: raw $$ left in the text"
+
+    n_views = source.count("application/vnd.jupyter.widget-view+json")
+    if n_views:
+        page.wait_for_function(f"document.querySelectorAll('.tfw').length >= {n_views}",
+                               timeout=30000)
+        roots = page.locator(".tfw")
+        for i in range(roots.count()):
+            root = roots.nth(i)
+            root.scroll_into_view_if_needed()
+            interact_and_check(page, root, f"{page_path} widget {i}")
+
+    page.wait_for_timeout(300)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + ".png"),
+                    full_page=True)
+    page.close()
+    assert not log.foreign_requests, f"{page_path} asked other hosts: {log.foreign_requests}"
+    assert not log.page_errors, f"{page_path} raised in JavaScript: {log.page_errors}"
+    assert not log.console_errors, f"{page_path} logged errors: {log.console_errors}"
