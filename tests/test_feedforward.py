@@ -1,0 +1,31 @@
+"""Position-wise FFN and its activations."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfbook.feedforward import FeedForward, activation, gelu, gelu_tanh, relu
+
+
+def test_activations_equal_torch():
+    x = torch.linspace(-6, 6, 1001)
+    assert torch.equal(relu(x), F.relu(x))
+    assert (gelu(x) - F.gelu(x)).abs().max() <= 1e-6
+    assert (gelu_tanh(x) - F.gelu(x, approximate="tanh")).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["relu", "gelu"])
+def test_ffn_is_two_linears_and_acts_per_position(name):
+    torch.manual_seed(0)
+    ff = FeedForward(8, 32, name)
+    x = torch.randn(2, 5, 8)
+    act = F.relu if name == "relu" else F.gelu
+    expected = act(x @ ff.fc_in.weight.T + ff.fc_in.bias) @ ff.fc_out.weight.T + ff.fc_out.bias
+    assert torch.allclose(ff(x), expected, atol=1e-6)
+    # position-wise: each position is transformed on its own
+    assert torch.allclose(ff(x[:, 2:3]), ff(x)[:, 2:3], atol=1e-6)
+
+
+def test_unknown_activation():
+    with pytest.raises(ValueError, match="one of .*got 'swish'"):
+        activation("swish")

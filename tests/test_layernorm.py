@@ -1,0 +1,29 @@
+"""LayerNorm from scratch equals nn.LayerNorm."""
+
+import torch
+from torch import nn
+
+from tfbook.layernorm import LayerNorm
+
+
+def test_equals_torch_layernorm_values_and_gradients():
+    torch.manual_seed(0)
+    ours, ref = LayerNorm(16, eps=1e-12), nn.LayerNorm(16, eps=1e-12)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ours.bias.normal_()
+    ref.load_state_dict(ours.state_dict())
+    x = (torch.randn(4, 5, 16) * 3 + 2).requires_grad_(True)
+    y_ours, y_ref = ours(x), ref(x)
+    assert (y_ours - y_ref).abs().max() <= 1e-5
+    g = torch.randn_like(y_ours)
+    grads_ours = torch.autograd.grad(y_ours, (x, ours.weight, ours.bias), g)
+    grads_ref = torch.autograd.grad(y_ref, (x, ref.weight, ref.bias), g)
+    for a, b in zip(grads_ours, grads_ref, strict=True):
+        assert (a - b).abs().max() <= 1e-4
+
+
+def test_output_has_zero_mean_unit_variance_per_position():
+    y = LayerNorm(64)(torch.randn(3, 7, 64) * 10 + 5)
+    assert torch.allclose(y.mean(-1), torch.zeros(3, 7), atol=1e-5)
+    assert torch.allclose(y.var(-1, unbiased=False), torch.ones(3, 7), atol=1e-3)

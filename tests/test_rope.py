@@ -1,0 +1,68 @@
+"""RoPE: relative property (hypothesis), norm preservation, the two conventions."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfbook.rope import apply_rope, half_split_permutation, to_half_split, to_interleaved
+
+D = 16
+
+
+def rotated(x: torch.Tensor, pos: int, convention: str) -> torch.Tensor:
+    return apply_rope(x[None], torch.tensor([pos]), convention=convention)[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    i=st.integers(0, 5000), j=st.integers(0, 5000), shift=st.integers(-3000, 3000),
+    seed=st.integers(0, 2**16), convention=st.sampled_from(["interleaved", "half"]),
+)
+def test_score_depends_only_on_offset(i, j, shift, seed, convention):
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(D, generator=g,
+                                                                         dtype=torch.float64)
+    i2, j2 = i + shift, j + shift
+    if i2 < 0 or j2 < 0:
+        i2, j2 = i - shift, j - shift
+    score = rotated(q, i, convention) @ rotated(k, j, convention)
+    shifted = rotated(q, i2, convention) @ rotated(k, j2, convention)
+    assert torch.allclose(score, shifted, atol=1e-9)
+
+
+def test_rotation_keeps_norms_and_position_zero_is_identity():
+    x = torch.randn(2, 10, D, dtype=torch.float64)
+    for convention in ("interleaved", "half"):
+        y = apply_rope(x, convention=convention)
+        assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))
+        assert torch.allclose(y[:, 0], x[:, 0])
+
+
+def test_first_plane_rotates_by_position_radians():
+    x = torch.zeros(3, D, dtype=torch.float64)
+    x[:, 0] = 1.0  # unit vector along the first coordinate of plane 0 (theta_0 = 1)
+    y = apply_rope(x)
+    for pos in range(3):
+        expected = torch.tensor([torch.cos(torch.tensor(pos * 1.0)),
+                                 torch.sin(torch.tensor(pos * 1.0))], dtype=torch.float64)
+        assert torch.allclose(y[pos, :2], expected)
+
+
+def test_conventions_agree_up_to_the_feature_permutation():
+    x = torch.randn(2, 3, 12, D, dtype=torch.float64)
+    inter = apply_rope(x, convention="interleaved", base=500.0)
+    half = apply_rope(to_half_split(x), convention="half", base=500.0)
+    assert torch.allclose(to_half_split(inter), half)
+    assert torch.allclose(inter, to_interleaved(half))
+    assert half_split_permutation(6).tolist() == [0, 2, 4, 1, 3, 5]
+    assert torch.equal(to_interleaved(to_half_split(x)), x)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="one of .*got 'neox'"):
+        apply_rope(torch.randn(3, D), convention="neox")
+    with pytest.raises(ValueError, match="even head size D, got D=5"):
+        apply_rope(torch.randn(3, 5))
+    with pytest.raises(ValueError, match=r"\(T,\) = \(3,\), got \(4,\)"):
+        apply_rope(torch.randn(3, D), torch.arange(4))
