@@ -1,0 +1,256 @@
+"""WordPiece, as in BERT: merges chosen by likelihood gain, greedy longest-match encoding.
+
+A word is written as its first character plus `##`-prefixed continuation characters
+("hug" -> h ##u ##g). Training merges the adjacent pair whose merge raises the corpus
+log-likelihood under a unigram model the most (`likelihood_gain`). Encoding takes, from the
+left, the longest vocabulary entry that matches; a word with an unmatchable part, or longer
+than `max_word_chars`, becomes `[UNK]`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfbook.tokenizers.base import AllOrSet, Tokenizer, check_text, check_vocab_size
+from tfbook.tokenizers.bpe import Pair, PairIndex
+from tfbook.tokenizers.pretokenize import bert_pretokenize
+
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def xlogx(x: np.ndarray | float) -> np.ndarray:
+    """x log x with 0 log 0 = 0 (the building block of a log-likelihood of counts)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+
+def log_likelihood(counts: Mapping[Any, int] | Iterable[int]) -> float:
+    """L = sum_t n_t log(n_t / N): the corpus log-likelihood under a unigram model whose
+    token probabilities are the count ratios P(t) = n_t / N."""
+    n = np.array(list(counts.values() if isinstance(counts, Mapping) else counts), float)
+    return float(xlogx(n).sum() - xlogx(n.sum()))
+
+
+def likelihood_gain(n_ab, n_a, n_b, n_total, same: bool | np.ndarray = False):
+    """Delta(a, b) = L(after merging a, b into c) - L(before), in closed form.
+
+    With f(x) = x log x and L = sum_t f(n_t) - f(N), the merge moves n_ab occurrences:
+    #c = n_ab, #a -= n_ab, #b -= n_ab, N -= n_ab (if a == b, #a -= 2 n_ab). Only four terms
+    of L change, so Delta = f(#a') - f(#a) + f(#b') - f(#b) + f(#c) - f(N') + f(N).
+    Works elementwise on numpy arrays (the trainer scores all pairs at once).
+    """
+    n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
+    distinct = (xlogx(n_a - n_ab) - xlogx(n_a) + xlogx(n_b - n_ab) - xlogx(n_b))
+    equal = xlogx(n_a - 2 * n_ab) - xlogx(n_a)
+    return (np.where(same, equal, distinct) + xlogx(n_ab)
+            - xlogx(n_total - n_ab) + xlogx(n_total))
+
+
+class WordPieceTokenizer(Tokenizer):
+    """BERT-style WordPiece: `vocab[i]` is the token of id i; `##x` continues a word."""
+
+    kind = "wordpiece"
+
+    def __init__(
+        self,
+        vocab: list[str],
+        unk_token: str = "[UNK]",
+        prefix: str = "##",
+        max_word_chars: int = 100,
+        lowercase: bool = True,
+        strip_accents: bool = True,
+        special_tokens: Iterable[str] = BERT_SPECIAL_TOKENS,
+    ) -> None:
+        self.vocab = list(vocab)
+        self.ids = {}
+        for i, token in enumerate(self.vocab):
+            self.ids.setdefault(token, i)
+        if unk_token not in self.ids:
+            raise ValueError(f"the vocabulary must contain the unknown token {unk_token!r}")
+        super().__init__({s: self.ids[s] for s in special_tokens if s in self.ids})
+        self.unk_token, self.unk_id = unk_token, self.ids[unk_token]
+        self.prefix, self.max_word_chars = prefix, max_word_chars
+        self.lowercase, self.strip_accents = lowercase, strip_accents
+        self.max_token_chars = max(len(t) for t in self.vocab)
+        self._word_cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_vocab_file(cls, path: str | Path, **options: Any) -> WordPieceTokenizer:
+        """Read a BERT `vocab.txt` (one token per line, the line number is the id)."""
+        return cls(Path(path).read_text("utf-8").split("\n")[:-1], **options)
+
+    # --- training -------------------------------------------------------------------------
+    @classmethod
+    def train(
+        cls,
+        text: str,
+        vocab_size: int,
+        special_tokens: Iterable[str] = BERT_SPECIAL_TOKENS,
+        lowercase: bool = True,
+        strip_accents: bool = True,
+        prefix: str = "##",
+        max_word_chars: int = 100,
+    ) -> WordPieceTokenizer:
+        """Learn a vocabulary of `vocab_size` tokens by likelihood-gain merges.
+
+        Each step scores every adjacent pair with `likelihood_gain` and merges the best; ties
+        go to the pair seen first. Stops early when no pair is left.
+        """
+        check_text(text)
+        specials = list(special_tokens)
+        words = Counter(w for w in bert_pretokenize(text, lowercase, strip_accents)
+                        if len(w) <= max_word_chars)
+        if not words:
+            raise ValueError("cannot train on a text without words: expected at least one "
+                             f"non-space character, got {text!r:.60}")
+        spelled = {w: [w[0]] + [prefix + c for c in w[1:]] for w in words}
+        alphabet = sorted({s for pieces in spelled.values() for s in pieces})
+        check_vocab_size(vocab_size, len(specials) + len(alphabet),
+                         f"{len(specials)} specials + {len(alphabet)} characters of the text")
+        symbols = specials + alphabet  # symbol id -> string (may repeat; see below)
+        symbol_id = {s: i for i, s in enumerate(symbols)}
+        order = sorted(words)
+        index = PairIndex([[symbol_id[s] for s in spelled[w]] for w in order],
+                          [words[w] for w in order])
+        counts = np.zeros(vocab_size * 2, dtype=np.float64)  # n_t for each symbol id
+        for ids, f in zip(index.words, index.word_counts):
+            np.add.at(counts, ids, f)
+        slots = _PairSlots(sorted(index.pair_counts.items()))
+        distinct = len(set(symbols))
+        while distinct < vocab_size:
+            best = slots.best(counts)
+            if best is None:
+                break
+            a, b = best
+            merged = symbols[a] + symbols[b].removeprefix(prefix)
+            new_id = len(symbols)
+            if new_id >= len(counts):
+                counts = np.concatenate([counts, np.zeros_like(counts)])
+            symbols.append(merged)  # a string made twice ("a"+"##bc", "ab"+"##c") is kept once
+            distinct += merged not in symbol_id
+            symbol_id.setdefault(merged, new_id)
+            changed_words, changed_pairs = index.merge((a, b), new_id)
+            for w in changed_words:
+                made = index.words[w].count(new_id) * index.word_counts[w]
+                counts[a] -= made
+                counts[b] -= made
+                counts[new_id] += made
+            slots.update(index.pair_counts, changed_pairs | {(a, b)})
+        vocab = list(dict.fromkeys(symbols))
+        return cls(vocab, "[UNK]", prefix, max_word_chars, lowercase, strip_accents, specials)
+
+    # --- encoding -------------------------------------------------------------------------
+    def encode_word(self, word: str) -> list[int]:
+        """Greedy longest match: "unaffable" -> un ##aff ##able (if those are in the vocab)."""
+        if len(word) > self.max_word_chars:
+            return [self.unk_id]
+        ids, start = [], 0
+        while start < len(word):
+            for end in range(min(len(word), start + self.max_token_chars), start, -1):
+                piece = word[start:end] if start == 0 else self.prefix + word[start:end]
+                if piece in self.ids:
+                    ids.append(self.ids[piece])
+                    start = end
+                    break
+            else:
+                return [self.unk_id]  # one unmatchable part makes the whole word unknown
+        return ids
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        out: list[int] = []
+        cache = self._word_cache
+        for word in bert_pretokenize(text, self.lowercase, self.strip_accents):
+            ids = cache.get(word)
+            if ids is None:
+                ids = cache[word] = self.encode_word(word)
+            out.extend(ids)
+        return out
+
+    def encode(
+        self,
+        text: str,
+        allowed_special: AllOrSet = frozenset(),
+        disallowed_special: AllOrSet = "all",
+        add_special_tokens: bool = False,
+    ) -> list[int]:
+        """Text -> ids; with `add_special_tokens`, wrapped as BERT expects: [CLS] ... [SEP]."""
+        ids = super().encode(text, allowed_special, disallowed_special)
+        if add_special_tokens:
+            ids = [self.special_tokens["[CLS]"], *ids, self.special_tokens["[SEP]"]]
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text: tokens joined by spaces, `##` pieces glued to the previous token."""
+        words: list[str] = []
+        for token in self.decode_bytes_list(ids):
+            if words and token.startswith(self.prefix):
+                words[-1] += token[len(self.prefix):]
+            else:
+                words.append(token)
+        return " ".join(words)
+
+    def decode_bytes_list(self, ids: Iterable[int]) -> list[str]:
+        """Ids -> their token strings (checked like `decode_bytes`)."""
+        return [self.decode_bytes([i]).decode("utf-8") for i in ids]
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        if token_id < 0:
+            raise IndexError(token_id)
+        return self.vocab[token_id].encode("utf-8")
+
+    def _ordinary_ids(self) -> Iterable[int]:
+        return range(len(self.vocab))
+
+    def _token_index(self) -> dict[str, int]:
+        return self.ids
+
+    # --- saving ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Options and the vocabulary, one token per line."""
+        return {"unk_token": self.unk_token, "prefix": self.prefix,
+                "max_word_chars": self.max_word_chars, "lowercase": self.lowercase,
+                "strip_accents": self.strip_accents, "vocab": self.vocab}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WordPieceTokenizer:
+        return cls(data["vocab"], data["unk_token"], data["prefix"], data["max_word_chars"],
+                   data["lowercase"], data["strip_accents"], list(data["special_tokens"]))
+
+
+class _PairSlots:
+    """Pair counts laid out in numpy arrays so that all pairs are scored in one pass."""
+
+    def __init__(self, initial: list[tuple[Pair, int]]) -> None:
+        self.slot: dict[Pair, int] = {}
+        self.pairs: list[Pair] = []
+        self.n_ab = np.zeros(max(16, 2 * len(initial)))
+        self.left = np.zeros(len(self.n_ab), dtype=np.int64)
+        self.right = np.zeros(len(self.n_ab), dtype=np.int64)
+        self.update(dict(initial), [p for p, _ in initial])
+
+    def update(self, pair_counts: Mapping[Pair, int], pairs: Iterable[Pair]) -> None:
+        """Copy the current count of each given pair into its slot (new pairs get a slot)."""
+        for pair in sorted(pairs):
+            if pair not in self.slot:
+                if len(self.pairs) == len(self.n_ab):
+                    self.n_ab, self.left, self.right = (
+                        np.concatenate([v, np.zeros_like(v)])
+                        for v in (self.n_ab, self.left, self.right))
+                k = self.slot[pair] = len(self.pairs)
+                self.pairs.append(pair)
+                self.left[k], self.right[k] = pair
+            self.n_ab[self.slot[pair]] = pair_counts.get(pair, 0)
+
+    def best(self, counts: np.ndarray) -> Pair | None:
+        """The pair with the largest likelihood gain, or None if no pair is left."""
+        k = len(self.pairs)
+        n_ab, left, right = self.n_ab[:k], self.left[:k], self.right[:k]
+        gain = likelihood_gain(n_ab, counts[left], counts[right], counts.sum(), left == right)
+        gain = np.where(n_ab > 0, gain, -np.inf)
+        best = int(np.argmax(gain))
+        return self.pairs[best] if n_ab[best] > 0 else None
