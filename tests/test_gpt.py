@@ -1,0 +1,58 @@
+"""The decoder-only GPT: shapes, causality, weight tying, fused == manual, bad input."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tfbook.models.gpt import GPT, GPTConfig
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig.tiny()).eval()
+
+
+def test_shapes_loss_and_weights(model):
+    idx = torch.randint(0, 256, (2, 10))
+    targets = torch.randint(0, 256, (2, 10))
+    out = model(idx, targets=targets, need_weights=True)
+    assert out.logits.shape == (2, 10, 256)
+    # at initialisation the prediction is near uniform: loss close to ln V
+    assert abs(out.loss.item() - torch.log(torch.tensor(256.0)).item()) < 0.5
+    assert len(out.attentions) == 2 and out.attentions[0].shape == (2, 4, 10, 10)
+    assert torch.all(out.attentions[1].triu(1) == 0)
+    assert model(idx).attentions == []
+
+
+def test_weight_tying(model):
+    assert model.lm_head.weight is model.tok_emb.weight
+    untied = GPT(replace(GPTConfig.tiny(), tie_weights=False))
+    n_tied = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for p in untied.parameters()) - n_tied == 256 * 64
+
+
+def test_future_tokens_do_not_change_the_past(model):
+    idx = torch.randint(0, 256, (1, 12))
+    changed = idx.clone()
+    changed[0, 7] = (changed[0, 7] + 1) % 256
+    a, b = model(idx).logits, model(changed).logits
+    assert torch.allclose(a[:, :7], b[:, :7], atol=1e-6)
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_fused_and_manual_attention_agree(model):
+    idx = torch.randint(0, 256, (2, 16))
+    manual = GPT(replace(GPTConfig.tiny(), fused_attention=False)).eval()
+    manual.load_state_dict(model.state_dict())
+    assert (model(idx).logits - manual(idx).logits).abs().max() <= 1e-5
+
+
+def test_bad_input(model):
+    with pytest.raises(ValueError, match="length 65 exceeds the model's context length 64"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[0, 256\).*got values in \[3, 256\]"):
+        model(torch.tensor([[3, 256]]))
+    with pytest.raises(ValueError, match="n_embd=30 is not divisible|d_model=30, n_heads=4"):
+        GPT(replace(GPTConfig.tiny(), n_embd=30))
