@@ -114,7 +114,7 @@ def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -
     """
     from ipywidgets.embed import embed_data
 
-    data = embed_data(views=[widget])
+    data = embed_data(views=[widget], drop_defaults=False)
     if not (folder / "assets").exists():
         shutil.copytree(assets, folder / "assets")
     state = json.dumps(data["manager_state"]).replace("</", "<\\/")
