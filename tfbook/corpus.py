@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import warnings
 
 # Modules whose docstrings join the corpus, in this order. Chosen for plain English prose,
 # no import side effects, and the same contents on every platform (no `os`, `socket`, ...).
@@ -32,9 +33,8 @@ def _module_docstrings(name: str) -> list[str]:
     """Docstrings of one module: the module, then its classes/functions and their methods."""
     module = importlib.import_module(name)
     docs = [module.__doc__ or ""]
-    for attr in sorted(vars(module)):
-        obj = getattr(module, attr)
-        if getattr(obj, "__module__", None) != module.__name__ or attr.startswith("_"):
+    for attr, obj in sorted(vars(module).items()):
+        if attr.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
             continue
         if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
             docs.append(obj.__doc__ or "")
@@ -45,13 +45,15 @@ def _module_docstrings(name: str) -> list[str]:
     return [inspect.cleandoc(d) for d in docs if isinstance(d, str) and d.strip()]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _full_corpus() -> str:
     from pydoc_data.topics import topics
 
     parts = [topics[key].strip() for key in sorted(topics)]
-    for name in CORPUS_MODULES:
-        parts.extend(_module_docstrings(name))
+    with warnings.catch_warnings():  # reading typing.io/typing.re warns; text is unchanged
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in CORPUS_MODULES:
+            parts.extend(_module_docstrings(name))
     return "\n\n".join(parts) + "\n"
 
 

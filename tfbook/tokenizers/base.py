@@ -176,5 +176,7 @@ class Tokenizer:
         """Read a file written by `save`."""
         data = json.loads(Path(path).read_text("utf-8"))
         if data.get("kind") != cls.kind:
-            raise ValueError(f"{path} holds a {data.get('kind')!r} tokenizer, expected {cls.kind!r}")
+            raise ValueError(
+                f"{path} holds a {data.get('kind')!r} tokenizer, expected {cls.kind!r}"
+            )
         return cls.from_dict(data)

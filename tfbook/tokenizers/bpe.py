@@ -18,6 +18,7 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from tfbook.tokenizers.base import Tokenizer, check_text, check_vocab_size
@@ -28,7 +29,7 @@ Pair = tuple[int, int]
 
 def count_pairs(ids: Sequence[int]) -> Counter[Pair]:
     """Count adjacent pairs: [1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}."""
-    return Counter(zip(ids, ids[1:]))
+    return Counter(pairwise(ids))
 
 
 def merge_pair(ids: Sequence[int], pair: Pair, new_id: int) -> list[int]:
@@ -54,8 +55,8 @@ class PairIndex:
         self.word_counts = counts
         self.pair_counts: dict[Pair, int] = defaultdict(int)
         self.where: dict[Pair, set[int]] = defaultdict(set)
-        for w, (ids, count) in enumerate(zip(words, counts)):
-            for pair in zip(ids, ids[1:]):
+        for w, (ids, count) in enumerate(zip(words, counts, strict=True)):
+            for pair in pairwise(ids):
                 self.pair_counts[pair] += count
                 self.where[pair].add(w)
 
@@ -72,10 +73,10 @@ class PairIndex:
             if len(new) == len(old):  # stale entry: an earlier merge already used this pair
                 continue
             count = self.word_counts[w]
-            for p in zip(old, old[1:]):
+            for p in pairwise(old):
                 self.pair_counts[p] -= count
                 changed_pairs.add(p)
-            for p in zip(new, new[1:]):
+            for p in pairwise(new):
                 self.pair_counts[p] += count
                 self.where[p].add(w)
                 changed_pairs.add(p)
@@ -112,7 +113,7 @@ def merge_by_rank(ids: list[int], merges: dict[Pair, int]) -> list[int]:
     prv = list(range(-1, n - 1))  # index of the previous live token (-1 = start)
     heap = [
         (merges[pair], i, *pair)
-        for i, pair in enumerate(zip(ids, ids[1:]))
+        for i, pair in enumerate(pairwise(ids))
         if pair in merges
     ]
     heapq.heapify(heap)

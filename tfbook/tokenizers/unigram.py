@@ -73,7 +73,7 @@ class Lattice:
                 for hi in range(lo + 1, min(n, lo + max_chars) + 1):
                     p = piece_id.get(s[lo:hi])
                     if p is not None and (whole or hi - lo < n):
-                        for col, v in zip(cols, (w, lo, hi, p)):
+                        for col, v in zip(cols, (w, lo, hi, p), strict=True):
                             col.append(v)
         length = np.array([len(s) for s in strings], dtype=np.int64)
         base = np.concatenate([[0], np.cumsum(length + 1)[:-1]])
@@ -161,7 +161,8 @@ class UnigramTokenizer(Tokenizer):
             raise ValueError(f"the special tokens must include the unknown token {unk_token!r}")
         super().__init__({s: self.ids[s] for s in specials})
         self.unk_token, self.unk_id = unk_token, self.ids[unk_token]
-        normal = [s for p, s in zip(self.pieces, self.scores) if p not in self.special_tokens]
+        normal = [score for piece, score in zip(self.pieces, self.scores, strict=True)
+                  if piece not in self.special_tokens]
         self.unk_score = min(normal, default=0.0) - UNK_PENALTY
         self.max_piece_chars = max(len(p) for p in self.pieces)
 
@@ -319,9 +320,9 @@ class UnigramTokenizer(Tokenizer):
     def to_dict(self) -> dict[str, Any]:
         """The unknown token and one [piece, score] entry per id."""
         return {"unk_token": self.unk_token,
-                "pieces": [[p, s] for p, s in zip(self.pieces, self.scores)]}
+                "pieces": [[p, s] for p, s in zip(self.pieces, self.scores, strict=True)]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UnigramTokenizer:
-        pieces, scores = zip(*data["pieces"])
+        pieces, scores = zip(*data["pieces"], strict=True)
         return cls(pieces, scores, data["unk_token"], list(data["special_tokens"]))

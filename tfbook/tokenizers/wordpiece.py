@@ -118,7 +118,7 @@ class WordPieceTokenizer(Tokenizer):
         index = PairIndex([[symbol_id[s] for s in spelled[w]] for w in order],
                           [words[w] for w in order])
         counts = np.zeros(vocab_size * 2, dtype=np.float64)  # n_t for each symbol id
-        for ids, f in zip(index.words, index.word_counts):
+        for ids, f in zip(index.words, index.word_counts, strict=True):
             np.add.at(counts, ids, f)
         slots = _PairSlots(sorted(index.pair_counts.items()))
         distinct = len(set(symbols))
