@@ -32,7 +32,9 @@ $(PY_STAMP): $(PY_REQS)
 	$(BIN)/pip install --quiet -c constraints.txt -r requirements.txt -r requirements-test.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (tfbook)" >/dev/null
+	@# JupyterLab opens the .md chapters as notebooks (jupytext) when double-clicked
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp scripts/jupyterlab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
 $(JS_STAMP): package.json package-lock.json
@@ -54,7 +56,7 @@ test: setup vendor
 	$(BIN)/python -m pytest
 
 lab: setup
-	$(BIN)/jupyter lab --ServerApp.open_browser=False
+	$(BIN)/jupyter lab --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR)/book
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -66,7 +66,7 @@ function slider({ label, min, max, step = 1, value, onInput }) {
 
 /** A line plot of ys against xs in an SVG of the given size; returns the <svg> node. */
 function linePlot(xs, ys, { width = 360, height = 160, marker = null, yLabel = "", xLabel = "" } = {}) {
-  const pad = { l: 40, r: 10, t: 10, b: 28 };
+  const pad = { l: 40, r: 10, t: yLabel ? 20 : 10, b: 28 };
   const plot = svg("svg", { width, height, class: "tfw-plot", role: "img" });
   const xmin = Math.min(...xs), xmax = Math.max(...xs);
   const ymin = Math.min(...ys), ymax = Math.max(...ys);
@@ -87,7 +87,7 @@ function linePlot(xs, ys, { width = 360, height = 160, marker = null, yLabel = "
   text(pad.l, height - 14, String(xmin), "start");
   text(width - pad.r, height - 14, String(xmax), "end");
   text((width + pad.l) / 2, height - 2, xLabel, "middle");
-  if (yLabel) text(4, pad.t + 8, yLabel, "start");
+  if (yLabel) text(pad.l, 12, yLabel, "start");
   return plot;
 }
 
