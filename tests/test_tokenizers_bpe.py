@@ -1,0 +1,163 @@
+"""Byte-level BPE: the fast trainer and encoder equal naive reference versions, round-trips,
+special tokens, save/load, and clear errors."""
+
+import json
+import random
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfbook.corpus import stdlib_corpus
+from tfbook.tokenizers import GPT4_SPLIT_PATTERN, BPETokenizer, regex_split
+from tfbook.tokenizers.bpe import count_pairs, merge_by_rank, merge_pair
+
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def tok() -> BPETokenizer:
+    return BPETokenizer.train(stdlib_corpus(100_000), 512, special_tokens=[EOT])
+
+
+def naive_train(text: str, vocab_size: int) -> dict[tuple[int, int], int]:
+    """The textbook loop: re-count all pairs of all chunks after every merge."""
+    chunks = [list(c.encode("utf-8")) for c in regex_split(text, GPT4_SPLIT_PATTERN)]
+    merges = {}
+    for new_id in range(256, vocab_size):
+        counts = {}
+        for ids in chunks:
+            for pair, n in count_pairs(ids).items():
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))  # most frequent, then smallest pair
+        chunks = [merge_pair(ids, best, new_id) for ids in chunks]
+        merges[best] = new_id
+    return merges
+
+
+def naive_encode(ids: list[int], merges: dict[tuple[int, int], int]) -> list[int]:
+    """Quadratic reference: merge the lowest-ranked pair present until none is left."""
+    while len(ids) > 1:
+        pair = min(zip(ids, ids[1:], strict=False), key=lambda p: merges.get(p, float("inf")))
+        if pair not in merges:
+            break
+        ids = merge_pair(ids, pair, merges[pair])
+    return ids
+
+
+def test_pair_helpers_examples():
+    assert count_pairs([1, 2, 3, 1, 2]) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}
+    assert merge_pair([1, 2, 3, 1, 2], (1, 2), 4) == [4, 3, 4]
+    assert merge_pair([5, 5, 5], (5, 5), 6) == [6, 5]
+
+
+def test_incremental_training_equals_naive_recount():
+    text = stdlib_corpus(20_000)
+    fast = BPETokenizer.train(text, 330)
+    assert fast.merges == naive_train(text, 330)
+
+
+def test_trace_records_each_merge(tok):
+    assert len(tok.trace) == len(tok.merges) == 512 - 256 - 1
+    first = tok.trace[0]
+    assert first.new_id == 256 and tok.merges[first.pair] == 256
+    left, right = (tok.vocab[i] for i in first.pair)
+    text = stdlib_corpus(100_000)
+    chunks = regex_split(text, GPT4_SPLIT_PATTERN)
+    assert first.count == sum(count_pairs(list(c.encode()))[first.pair] for c in chunks)
+    assert all((left + right) in c.encode() for c in first.chunks)
+    counts = [step.count for step in tok.trace]
+    assert counts[0] == max(counts)
+
+
+def test_with_merges_replays_training(tok):
+    early = tok.with_merges(10)
+    assert len(early.merges) == 10 and early.vocab == tok.vocab[:266]
+    text = stdlib_corpus(5_000)
+    assert len(early.encode(text)) > len(tok.encode(text))
+    assert early.decode(early.encode(text)) == text
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_heap_encoder_equals_naive_encoder(tok, seed):
+    rng = random.Random(seed)
+    text = stdlib_corpus(100_000)
+    start = rng.randrange(len(text) - 300)
+    data = text[start : start + 300].replace(" ", "").encode()  # long pieces, many merges
+    ids = [tok.byte_ids[b] for b in data]
+    assert merge_by_rank(ids, tok.merges) == naive_encode(ids, tok.merges)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_round_trip_any_unicode(tok, text):
+    assert tok.decode(tok.encode(text, disallowed_special=())) == text
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=50))
+def test_decode_bytes_inverts_byte_level_encoding(tok, data):
+    ids = tok.encode_chunk(data)
+    assert tok.decode_bytes(ids) == data
+
+
+def test_training_is_deterministic():
+    text = stdlib_corpus(30_000)
+    a, b = BPETokenizer.train(text, 400), BPETokenizer.train(text, 400)
+    assert a.merges == b.merges and a.trace == b.trace
+
+
+def test_save_load_round_trip(tok, tmp_path):
+    path = tmp_path / "bpe.json"
+    tok.save(path)
+    data = json.loads(path.read_text("utf-8"))  # human-readable JSON
+    assert data["kind"] == "bpe" and data["merges"][0] == "{} {} -> 256".format(*tok.trace[0].pair)
+    loaded = BPETokenizer.load(path)
+    text = stdlib_corpus(5_000)
+    assert loaded.encode(text) == tok.encode(text)
+    assert loaded.special_tokens == tok.special_tokens == {EOT: 511}
+
+
+def test_special_tokens_only_when_allowed(tok):
+    text = f"hello{EOT}world"
+    with pytest.raises(ValueError, match="contains the special token '<\\|endoftext\\|>'"):
+        tok.encode(text)
+    as_special = tok.encode(text, allowed_special={EOT})
+    assert as_special == tok.encode("hello") + [511] + tok.encode("world")
+    assert tok.encode(text, allowed_special="all") == as_special
+    as_text = tok.encode(text, disallowed_special=())
+    assert 511 not in as_text and tok.decode(as_text) == text
+    with pytest.raises(ValueError, match="does not have"):
+        tok.encode(text, allowed_special={"<|nope|>"})
+
+
+def test_adversarial_long_pieces_are_fast(tok):
+    for text in ("a" * 20_000, "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(5000))):
+        start = time.perf_counter()
+        ids = tok.encode(text)
+        assert time.perf_counter() - start < 1.0
+        assert tok.decode(ids) == text
+
+
+def test_bad_inputs(tok):
+    with pytest.raises(ValueError, match="vocab_size must be at least 257 .* got 200"):
+        BPETokenizer.train("some text", 200, special_tokens=[EOT])
+    with pytest.raises(ValueError, match="cannot train on an empty text"):
+        BPETokenizer.train("", 300)
+    with pytest.raises(TypeError, match="text must be a str, got bytes"):
+        BPETokenizer.train(b"bytes", 300)
+    with pytest.raises(TypeError, match="vocab_size must be an int, got float"):
+        BPETokenizer.train("text", 300.0)
+    with pytest.raises(TypeError, match="text must be a str, got int"):
+        tok.encode(42)
+    with pytest.raises(ValueError, match="unknown token id 512 at position 1"):
+        tok.decode([5, 512])
+    with pytest.raises(ValueError, match="unknown token id -1 at position 0"):
+        tok.decode([-1])
+    with pytest.raises(TypeError, match="ids must be ints, got str"):
+        tok.decode(["a"])
+    with pytest.raises(ValueError, match="is not in the vocabulary"):
+        tok.token_to_id("surely-not-a-token")
