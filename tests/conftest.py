@@ -12,7 +12,12 @@ import pytest
 from tests.browser import CHROMIUM_ARGS, chromium_path
 
 ROOT = Path(__file__).resolve().parent.parent
-HTML = ROOT / "_build" / "html"
+# The book is built into $TFBOOK_OUTPUT/_build (default: the repository), with the table of
+# contents $TFBOOK_TOC (default: _toc.yml): lets a chapter in progress be built on its own.
+OUTPUT = Path(os.environ.get("TFBOOK_OUTPUT", ROOT))
+TOC = Path(os.environ.get("TFBOOK_TOC", ROOT / "_toc.yml"))
+BUILD = OUTPUT / "_build"
+HTML = BUILD / "html"
 ASSETS = ROOT / "_vendor" / "assets"
 
 
@@ -27,7 +32,7 @@ def book_html() -> Path:
     if not (ASSETS / "require.min.js").exists():
         pytest.fail("the front-end files are missing: run `make vendor` (make test does it)")
     command = [str(Path(sys.executable).parent / "jupyter-book"), "build", "--all", "-W", "-n",
-               "--keep-going", str(ROOT)]
+               "--keep-going", "--path-output", str(OUTPUT), "--toc", str(TOC), str(ROOT)]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if result.returncode != 0:
         pytest.fail(f"the book build failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")

@@ -7,17 +7,18 @@ from pathlib import Path
 import pytest
 
 from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch
-from tests.conftest import HTML, ROOT
+from tests.conftest import BUILD, ROOT, TOC
 
-SCREENSHOTS = ROOT / "_build" / "screenshots"
+SCREENSHOTS = BUILD / "screenshots"
 
 
 def built_pages() -> list[str]:
-    """Every page of the built book, relative to _build/html (listed from the sources)."""
+    """Every page of the book, relative to _build/html: the table of contents' files."""
     pages = ["index.html", "genindex.html", "search.html"]
-    for source in sorted((ROOT / "book").rglob("*.md")):
-        if "_build" not in source.parts:
-            pages.append(source.relative_to(ROOT).with_suffix(".html").as_posix())
+    for line in TOC.read_text(encoding="utf-8").splitlines():
+        key, _, value = line.strip().lstrip("- ").partition(":")
+        if key in ("root", "file"):
+            pages.append(value.strip() + ".html")
     return pages
 
 
