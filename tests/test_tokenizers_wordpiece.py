@@ -1,0 +1,154 @@
+"""WordPiece: the likelihood gain computed two ways, the trainer's choice, greedy longest
+match, BERT pre-processing, save/load and errors."""
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tfbook.corpus import stdlib_corpus
+from tfbook.tokenizers import WordPieceTokenizer, bert_pretokenize
+from tfbook.tokenizers.wordpiece import likelihood_gain, log_likelihood
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(stdlib_corpus(60_000), 600)
+
+
+def merged_counts(words: Counter, pair: tuple[str, str]) -> Counter:
+    """Token counts after merging `pair` in every word (words given as tuples of tokens)."""
+    out: Counter = Counter()
+    for pieces, f in words.items():
+        i = 0
+        while i < len(pieces):
+            if pieces[i : i + 2] == pair:
+                out[pair[0] + pair[1].removeprefix("##")] += f
+                i += 2
+            else:
+                out[pieces[i]] += f
+                i += 1
+    return out
+
+
+def spelled_words(text: str) -> Counter:
+    words = Counter(bert_pretokenize(text))
+    return Counter({(w[0], *("##" + c for c in w[1:])): f for w, f in words.items()})
+
+
+def test_log_likelihood_is_sum_of_log_probabilities():
+    counts = {"a": 3, "b": 1}
+    assert log_likelihood(counts) == pytest.approx(3 * math.log(3 / 4) + math.log(1 / 4))
+
+
+@pytest.mark.parametrize("pair", [("t", "##h"), ("##e", "##r"), ("##s", "##s")])
+def test_likelihood_gain_formula_equals_log_likelihood_difference(pair):
+    words = spelled_words(stdlib_corpus(20_000))
+    before: Counter = Counter()
+    for pieces, f in words.items():
+        for p in pieces:
+            before[p] += f
+    after = merged_counts(words, pair)
+    merged = pair[0] + pair[1].removeprefix("##")
+    n_ab = after[merged] - before[merged]  # merges actually made
+    gain = likelihood_gain(n_ab, before[pair[0]], before[pair[1]], sum(before.values()),
+                           same=pair[0] == pair[1])
+    assert n_ab > 0
+    assert float(gain) == pytest.approx(log_likelihood(after) - log_likelihood(before), rel=1e-9)
+
+
+def test_likelihood_gain_on_random_counts():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n_a, n_b, rest = rng.integers(1, 1000, size=3)
+        n_ab = rng.integers(1, min(n_a, n_b) + 1)
+        before = {"a": n_a, "b": n_b, "rest": rest}
+        after = {"a": n_a - n_ab, "b": n_b - n_ab, "c": n_ab, "rest": rest}
+        total = n_a + n_b + rest
+        assert float(likelihood_gain(n_ab, n_a, n_b, total)) == pytest.approx(
+            log_likelihood(after) - log_likelihood(before), rel=1e-9, abs=1e-9)
+
+
+def test_first_merge_is_the_best_by_brute_force():
+    text = stdlib_corpus(5_000)
+    words = spelled_words(text)
+    before: Counter = Counter()
+    for pieces, f in words.items():
+        before.update({p: f * n for p, n in Counter(pieces).items()})
+    candidates = {pieces[i : i + 2] for pieces in words for i in range(len(pieces) - 1)}
+    gains = {p: log_likelihood(merged_counts(words, p)) - log_likelihood(before)
+             for p in candidates}
+    best = max(gains.values())
+    tok = WordPieceTokenizer.train(text, len(SPECIALS) + len(before) + 1)
+    first = tok.vocab[-1]
+    winners = {a + b.removeprefix("##") for (a, b), g in gains.items() if g > best - 1e-6}
+    assert first in winners
+
+
+def test_greedy_longest_match_with_continuations():
+    vocab = [*SPECIALS, "un", "##aff", "##able", "##a", "##ff", "u", "##n"]
+    tok = WordPieceTokenizer(vocab)
+    ids = tok.encode("unaffable unable")
+    assert [tok.id_to_token(i) for i in ids] == ["un", "##aff", "##able", "un", "##able"]
+    assert tok.decode(ids) == "unaffable unable"
+    assert tok.encode("unx") == [tok.unk_id]  # one unmatchable part -> the whole word
+    assert tok.encode("un" * 51) == [tok.unk_id]  # 102 characters > 100
+
+
+def test_bert_pretokenize_examples():
+    assert bert_pretokenize("Héllo,\tWORLD!  Çà\u200b va?") == [
+        "hello", ",", "world", "!", "ca", "va", "?"]
+    # CJK ideographs are split one by one; kana are not, and lose their voicing marks
+    # (NFD turns "で" into "て" + a combining mark, which accent stripping drops).
+    assert bert_pretokenize("東京です") == ["東", "京", "てす"]
+    assert bert_pretokenize("a$b") == ["a", "$", "b"]  # ASCII symbols count as punctuation
+
+
+def test_trained_tokenizer(tok):
+    assert tok.vocab_size == 600 and tok.vocab[:5] == SPECIALS
+    assert len(set(tok.vocab)) == 600
+    text = stdlib_corpus(3_000).lower()
+    ids = tok.encode(text)
+    assert tok.unk_id not in ids
+    assert tok.decode(ids).split() == [w for w in bert_pretokenize(text)]
+
+
+def test_training_is_deterministic(tok):
+    again = WordPieceTokenizer.train(stdlib_corpus(60_000), 600)
+    assert again.vocab == tok.vocab
+
+
+def test_save_load_round_trip(tok, tmp_path):
+    path = tmp_path / "wp.json"
+    tok.save(path)
+    assert json.loads(path.read_text("utf-8"))["vocab"] == tok.vocab
+    loaded = WordPieceTokenizer.load(path)
+    text = stdlib_corpus(5_000)
+    assert loaded.encode(text) == tok.encode(text)
+    assert loaded.special_tokens == tok.special_tokens
+
+
+def test_special_tokens_only_when_allowed(tok):
+    with pytest.raises(ValueError, match=r"contains the special token '\[MASK\]'"):
+        tok.encode("a [MASK] b")
+    assert tok.encode("a [MASK] b", allowed_special={"[MASK]"})[1] == tok.token_to_id("[MASK]")
+    assert tok.token_to_id("[MASK]") not in tok.encode("a [MASK] b", disallowed_special=())
+    assert tok.encode("a", add_special_tokens=True) == [2, tok.token_to_id("a"), 3]
+
+
+def test_bad_inputs(tok):
+    with pytest.raises(ValueError, match=r"vocab_size must be at least \d+ \(5 specials \+ \d+ "
+                                         r"characters of the text\), got 10"):
+        WordPieceTokenizer.train("hello world", 10)
+    with pytest.raises(ValueError, match="cannot train on a text without words"):
+        WordPieceTokenizer.train("   ", 100)
+    with pytest.raises(TypeError, match="text must be a str, got list"):
+        WordPieceTokenizer.train(["hello"], 100)
+    with pytest.raises(ValueError, match="unknown token id 600 at position 0"):
+        tok.decode([600])
+    with pytest.raises(ValueError, match="must contain the unknown token"):
+        WordPieceTokenizer(["a", "b"])
