@@ -1,0 +1,153 @@
+"""Unigram LM: forward-backward, Viterbi and n-best against brute-force enumeration,
+sampling, training, and Viterbi segmentations equal to sentencepiece's."""
+
+import itertools
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from tfbook.corpus import stdlib_corpus, stress_lines
+from tfbook.tokenizers import UnigramTokenizer
+from tfbook.tokenizers.unigram import Lattice, split_words
+
+SMALL = {"<unk>": 0.0, "▁": -2.0, "a": -2.5, "b": -3.0, "ab": -3.2, "ba": -4.0, "▁a": -2.9,
+         "aba": -5.0, "c": -6.0}
+
+
+@pytest.fixture(scope="module")
+def small() -> UnigramTokenizer:
+    return UnigramTokenizer(list(SMALL), list(SMALL.values()))
+
+
+def segmentations(s: str, pieces: set[str]):
+    """Every way to cut `s` into pieces (brute force)."""
+    if not s:
+        yield ()
+        return
+    for k in range(1, len(s) + 1):
+        if s[:k] in pieces:
+            for rest in segmentations(s[k:], pieces):
+                yield (s[:k], *rest)
+
+
+def test_split_words_like_sentencepiece():
+    assert split_words("Hi  you") == ["▁Hi", "▁", "▁you"]
+    assert split_words(" x") == ["▁", "▁x"] and split_words("") == []
+
+
+@pytest.mark.parametrize("word", ["▁abab", "▁aba", "▁bab"])
+def test_forward_backward_equals_enumeration(word):
+    pieces = [p for p in SMALL if p != "<unk>"]
+    logp = np.array([SMALL[p] for p in pieces])
+    lattice = Lattice.build([word], {p: i for i, p in enumerate(pieces)}, 12)
+    counts, log_px = lattice.expected_counts(logp, np.array([1.0]))
+    segs = list(segmentations(word, set(pieces)))
+    probs = [math.exp(sum(SMALL[t] for t in s)) for s in segs]
+    assert log_px == pytest.approx(math.log(sum(probs)))
+    expected: Counter = Counter()
+    for s, p in zip(segs, probs, strict=True):
+        for t in s:
+            expected[t] += p / sum(probs)
+    assert counts == pytest.approx([expected[p] for p in pieces])
+
+
+@pytest.mark.parametrize("text", ["abab", "ba ab", "abaab"])
+def test_viterbi_and_nbest_equal_enumeration(small, text):
+    s = "▁" + text.replace(" ", "▁")
+    segs = sorted(segmentations(s, set(SMALL) - {"<unk>"}),
+                  key=lambda seg: -sum(SMALL[t] for t in seg))
+    ids, score = small.viterbi(s)
+    assert [small.pieces[i] for i in ids] == list(segs[0])
+    assert score == pytest.approx(sum(SMALL[t] for t in segs[0]), abs=1e-5)
+    best = small.nbest(text, 4)
+    assert [[small.pieces[i] for i in ids] for ids, _ in best] == [list(s) for s in segs[:4]]
+    assert [total for _, total in best] == sorted((total for _, total in best), reverse=True)
+
+
+def test_unknown_characters_merge_into_one_unk(small):
+    space, ab = small.token_to_id("▁"), small.token_to_id("ab")
+    assert small.encode("xyz ab") == [space, small.unk_id, space, ab]  # xyz -> one <unk>
+    assert small.decode(small.encode("ab ba")) == "ab ba"
+
+
+def test_sampling_follows_p_to_the_alpha(small):
+    rng = random.Random(0)
+    alpha = 0.5
+    segs = list(segmentations("▁abab", set(SMALL) - {"<unk>"}))
+    weights = {s: math.exp(alpha * sum(SMALL[t] for t in s)) for s in segs}
+    total = sum(weights.values())
+    draws = Counter(tuple(small.pieces[i] for i in small.sample("abab", alpha, rng))
+                    for _ in range(4000))
+    assert set(draws) <= set(segs)
+    for s in segs:
+        assert draws[s] / 4000 == pytest.approx(weights[s] / total, abs=0.03)
+
+
+@pytest.fixture(scope="module")
+def trained() -> UnigramTokenizer:
+    return UnigramTokenizer.train(stdlib_corpus(60_000), 400)
+
+
+def test_trained_tokenizer(trained):
+    text = stdlib_corpus(60_000)
+    assert trained.vocab_size == 400 and trained.pieces[0] == "<unk>"
+    assert {c for w in split_words(text) for c in w} <= set(trained.pieces)  # all chars kept
+    assert max(len(p) for p in trained.pieces) <= 12
+    sample = stdlib_corpus(4_000)
+    assert trained.decode(trained.encode(sample)) == sample
+    assert len(trained.encode(sample)) < 0.6 * len(sample)
+
+
+def test_training_is_deterministic(trained):
+    again = UnigramTokenizer.train(stdlib_corpus(60_000), 400)
+    assert again.pieces == trained.pieces and again.scores == trained.scores
+
+
+def test_save_load_round_trip(trained, tmp_path):
+    path = tmp_path / "unigram.json"
+    trained.save(path)
+    loaded = UnigramTokenizer.load(path)
+    assert loaded.pieces == trained.pieces and loaded.scores == trained.scores
+    text = stdlib_corpus(3_000)
+    assert loaded.encode(text) == trained.encode(text)
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_model(tmp_path_factory) -> spm.SentencePieceProcessor:
+    folder = tmp_path_factory.mktemp("sp")
+    (folder / "train.txt").write_text(stdlib_corpus(100_000), "utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(folder / "train.txt"), model_prefix=str(folder / "m"), model_type="unigram",
+        vocab_size=600, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        character_coverage=1.0, num_threads=1, minloglevel=2)
+    return spm.SentencePieceProcessor(model_file=str(folder / "m.model"))
+
+
+def test_viterbi_equals_sentencepiece(sentencepiece_model):
+    sp = sentencepiece_model
+    n = sp.get_piece_size()
+    ours = UnigramTokenizer([sp.id_to_piece(i) for i in range(n)],
+                            [sp.get_score(i) for i in range(n)],
+                            special_tokens=["<unk>", "<s>", "</s>"])
+    lines = stdlib_corpus(250_000).splitlines() + stress_lines()
+    for line in lines:
+        assert ours.encode(line, disallowed_special=()) == sp.encode(line), line
+
+
+def test_bad_inputs(trained):
+    with pytest.raises(ValueError, match=r"vocab_size must be at least 5 \(1 specials \+ 4 "
+                                         r"distinct characters\), got 3"):
+        UnigramTokenizer.train("abc", 3)
+    with pytest.raises(ValueError, match="cannot train on an empty text"):
+        UnigramTokenizer.train("", 100)
+    with pytest.raises(TypeError, match="text must be a str, got NoneType"):
+        UnigramTokenizer.train(None, 100)
+    with pytest.raises(ValueError, match="unknown token id 400 at position 2"):
+        trained.decode([1, 2, 400])
+    with pytest.raises(ValueError, match="need one score per piece, got 2 pieces and 1 scores"):
+        UnigramTokenizer(["<unk>", "a"], [0.0])
+    assert list(itertools.islice(split_words("a b"), 2)) == ["▁a", "▁b"]
