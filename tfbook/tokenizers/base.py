@@ -51,7 +51,8 @@ class Tokenizer:
         """The UTF-8 bytes one (non-special) id decodes to."""
         raise NotImplementedError
 
-    def _ordinary_ids(self) -> Iterable[int]:
+    def _num_ordinary(self) -> int:
+        """Ordinary (non-special) tokens have the ids 0 .. n-1."""
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,8 +66,7 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of ids: ordinary tokens plus special tokens (max id + 1 if there are gaps)."""
-        ids = list(self._ordinary_ids()) + list(self.special_tokens.values())
-        return max(ids) + 1 if ids else 0
+        return max([self._num_ordinary() - 1, *self.special_tokens.values()]) + 1
 
     def encode(
         self,
@@ -133,7 +133,7 @@ class Tokenizer:
     def _token_index(self) -> dict[str, int]:
         if getattr(self, "_index_cache", None) is None:
             index: dict[str, int] = {}
-            for i in sorted(self._ordinary_ids()):
+            for i in range(self._num_ordinary()):
                 index.setdefault(self._token_bytes(i).decode("utf-8", errors="replace"), i)
             self._index_cache = index
         return self._index_cache

@@ -254,8 +254,8 @@ class BPETokenizer(Tokenizer):
             raise IndexError(token_id)
         return self.vocab[token_id]
 
-    def _ordinary_ids(self) -> Iterable[int]:
-        return range(len(self.vocab))
+    def _num_ordinary(self) -> int:
+        return len(self.vocab)
 
     # --- saving ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

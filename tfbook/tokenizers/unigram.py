@@ -311,8 +311,8 @@ class UnigramTokenizer(Tokenizer):
             raise IndexError(token_id)
         return self.pieces[token_id].encode("utf-8")
 
-    def _ordinary_ids(self) -> Iterable[int]:
-        return range(len(self.pieces))
+    def _num_ordinary(self) -> int:
+        return len(self.pieces)
 
     def _token_index(self) -> dict[str, int]:
         return self.ids

@@ -203,8 +203,8 @@ class WordPieceTokenizer(Tokenizer):
             raise IndexError(token_id)
         return self.vocab[token_id].encode("utf-8")
 
-    def _ordinary_ids(self) -> Iterable[int]:
-        return range(len(self.vocab))
+    def _num_ordinary(self) -> int:
+        return len(self.vocab)
 
     def _token_index(self) -> dict[str, int]:
         return self.ids

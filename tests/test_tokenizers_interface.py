@@ -1,0 +1,55 @@
+"""Every tokenizer, trained or loaded, offers the same interface and the same errors."""
+
+import pytest
+
+from tfbook.corpus import stdlib_corpus
+from tfbook.tokenizers import (
+    BPETokenizer,
+    UnigramTokenizer,
+    WordPieceTokenizer,
+    load_cl100k,
+    load_gpt2,
+    load_minilm_wordpiece,
+)
+
+MAKERS = {
+    "bpe": lambda: BPETokenizer.train(stdlib_corpus(30_000), 400, special_tokens=["<|eot|>"]),
+    "wordpiece": lambda: WordPieceTokenizer.train(stdlib_corpus(30_000), 400),
+    "unigram": lambda: UnigramTokenizer.train(stdlib_corpus(30_000), 300),
+    "gpt2": load_gpt2,
+    "cl100k": load_cl100k,
+    "minilm": load_minilm_wordpiece,
+}
+
+
+@pytest.fixture(scope="module", params=list(MAKERS))
+def tok(request):
+    return MAKERS[request.param]()
+
+
+def test_encode_gives_ids_in_range(tok):
+    ids = tok.encode(stdlib_corpus(2_000))
+    assert ids and all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in ids)
+    assert tok.encode("") == []
+
+
+def test_id_and_token_look_ups_agree(tok):
+    for i in range(0, tok.vocab_size, max(1, tok.vocab_size // 300)):
+        token = tok.id_to_token(i)
+        if "\ufffd" not in token:  # ids that are only part of a UTF-8 character
+            assert tok.id_to_token(tok.token_to_id(token)) == token
+
+
+def test_special_tokens_are_never_silent(tok):
+    for special, special_id in tok.special_tokens.items():
+        with pytest.raises(ValueError, match="not allowed"):
+            tok.encode(f"x {special} y")
+        assert special_id not in tok.encode(f"x {special} y", disallowed_special=())
+        assert special_id in tok.encode(f"x {special} y", allowed_special={special})
+
+
+def test_errors_say_what_was_expected(tok):
+    with pytest.raises(TypeError, match="text must be a str, got bytes"):
+        tok.encode(b"abc")
+    with pytest.raises(ValueError, match=f"unknown token id {tok.vocab_size} at position 0"):
+        tok.decode([tok.vocab_size])
