@@ -4,7 +4,8 @@ Every widget draws from data computed in Python, so it responds in the static HT
 book without a kernel, and asks Python for new data when a kernel is there.
 """
 
+from tfbook.widgets.attention import AttentionExample, AttentionMap
 from tfbook.widgets.base import Widget
 from tfbook.widgets.positions import PositionalEncodingExplorer
 
-__all__ = ["PositionalEncodingExplorer", "Widget"]
+__all__ = ["AttentionExample", "AttentionMap", "PositionalEncodingExplorer", "Widget"]
