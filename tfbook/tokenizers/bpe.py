@@ -18,7 +18,7 @@ import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any
 
 from tfbook.tokenizers.base import Tokenizer, check_text, check_vocab_size
@@ -142,7 +142,8 @@ class BPETokenizer(Tokenizer):
     """
 
     kind = "bpe"
-    cache_max_chars = 64  # chunks up to this length have their encoding cached
+    cache_max_chars = 64  # chunks up to this length stay in the cache between calls
+    cache_max_entries = 500_000  # the cache is emptied when it grows beyond this
 
     def __init__(
         self,
@@ -238,16 +239,18 @@ class BPETokenizer(Tokenizer):
         return merge_by_rank(ids, self.merges) if len(ids) > 1 else ids
 
     def _encode_ordinary(self, text: str) -> list[int]:
-        out: list[int] = []
+        chunks = self._split(text)
         cache = self._chunk_cache
-        for chunk in self._split(text):
-            ids = cache.get(chunk)
-            if ids is None:
-                ids = self.encode_chunk(chunk.encode("utf-8"))
-                if len(chunk) <= self.cache_max_chars:
-                    cache[chunk] = ids
-            out.extend(ids)
-        return out
+        if len(cache) > self.cache_max_entries:
+            cache.clear()
+        new = set(chunks).difference(cache)  # words repeat: encode each distinct chunk once
+        for chunk in new:
+            cache[chunk] = self.encode_chunk(chunk.encode("utf-8"))
+        ids = list(chain.from_iterable(map(cache.__getitem__, chunks)))
+        for chunk in new:
+            if len(chunk) > self.cache_max_chars:  # keep long one-off chunks out of the cache
+                del cache[chunk]
+        return ids
 
     def _token_bytes(self, token_id: int) -> bytes:
         if token_id < 0:
