@@ -17,13 +17,14 @@ piece never spans a "▁" except at its start ("the cat" -> "▁the", "▁cat").
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import count, repeat
 from typing import Any
 
 import numpy as np
@@ -51,8 +52,9 @@ def split_words(text: str) -> list[str]:
 @dataclass
 class Lattice:
     """Every cut of a batch of strings into pieces: edge e covers string `word[e]` from
-    character `lo[e]` to `hi[e]` with piece `piece[e]`. Node (word w, offset i) is number
-    `base[w] + i`, so the edges of all strings are processed together."""
+    character `lo[e]` to `hi[e]` with piece `piece[e]`. Node (string w, offset i) is number
+    `base[w] + i`, so the edges of all strings are processed together. Edges are sorted by
+    `hi`, so the forward pass reads them in order."""
 
     word: np.ndarray
     lo: np.ndarray
@@ -65,19 +67,32 @@ class Lattice:
     def build(cls, strings: Sequence[str], piece_id: dict[str, int], max_chars: int,
               whole: bool = True) -> Lattice:
         """All substrings up to `max_chars` that are pieces; `whole=False` leaves out the
-        edge covering an entire string (to score the string without its own piece)."""
-        cols = [array("l") for _ in range(4)]
-        for w, s in enumerate(strings):
-            n = len(s)
-            for lo in range(n):
-                for hi in range(lo + 1, min(n, lo + max_chars) + 1):
-                    p = piece_id.get(s[lo:hi])
-                    if p is not None and (whole or hi - lo < n):
-                        for col, v in zip(cols, (w, lo, hi, p), strict=True):
-                            col.append(v)
+        edge covering an entire string (to score a string without its own piece)."""
+        word, lo, hi, subs = _substrings(strings, max_chars)
+        piece = np.fromiter(map(piece_id.get, subs, repeat(-1)), np.int64, len(subs))
+        keep = piece >= 0
+        if not whole:
+            keep &= (hi - lo) < np.array([len(s) for s in strings])[word]
+        return cls._sorted(word[keep], lo[keep], hi[keep], piece[keep], strings)
+
+    @classmethod
+    def of_all_substrings(cls, strings: Sequence[str], max_chars: int
+                          ) -> tuple[Lattice, list[str]]:
+        """Every substring up to `max_chars` becomes a piece; returns the lattice and the
+        pieces (piece id -> substring, in order of first appearance)."""
+        word, lo, hi, subs = _substrings(strings, max_chars)
+        first_seen: dict[str, int] = {}
+        # setdefault keeps the running number of a substring's first occurrence ...
+        raw = np.fromiter(map(first_seen.setdefault, subs, count()), np.int64, len(subs))
+        _, piece = np.unique(raw, return_inverse=True)  # ... renumbered 0, 1, 2, ...
+        return cls._sorted(word, lo, hi, piece, strings), list(first_seen)
+
+    @classmethod
+    def _sorted(cls, word, lo, hi, piece, strings: Sequence[str]) -> Lattice:
+        order = np.argsort(hi, kind="stable")
         length = np.array([len(s) for s in strings], dtype=np.int64)
         base = np.concatenate([[0], np.cumsum(length + 1)[:-1]])
-        return cls(*(np.frombuffer(c, dtype=np.int64) for c in cols), base, length)
+        return cls(word[order], lo[order], hi[order], piece[order], base, length)
 
     def keep(self, alive: np.ndarray) -> Lattice:
         """The lattice restricted to the pieces where `alive` is True."""
@@ -85,61 +100,76 @@ class Lattice:
         return Lattice(self.word[m], self.lo[m], self.hi[m], self.piece[m], self.base,
                        self.length)
 
+    @functools.cached_property
+    def nodes(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Start node and end node of every edge, and the number of nodes."""
+        first = self.base[self.word]
+        return first + self.lo, first + self.hi, int(self.base[-1] + self.length[-1] + 1)
+
+    @functools.cached_property
+    def by_start(self) -> tuple[np.ndarray, np.ndarray]:
+        """Edges ordered by start offset, last first, and where each offset's run begins."""
+        order = np.argsort(-self.lo, kind="stable")
+        bounds = np.searchsorted(-self.lo[order], -np.arange(int(self.lo.max(initial=0)) + 2))
+        return order, bounds
+
     def forward(self, logp: np.ndarray, combine: np.ufunc = np.logaddexp) -> np.ndarray:
         """alpha[node] = combine over edges into it of alpha[start] + log p(piece).
 
         With `np.logaddexp`, alpha at a string's end is log P(x) (sum over segmentations);
         with `np.maximum`, it is the Viterbi score. Nodes are filled in order of offset.
         """
-        alpha = np.full(int(self.base[-1] + self.length[-1] + 1), -np.inf)
+        start, end, n_nodes = self.nodes
+        alpha = np.full(n_nodes, -np.inf)
         alpha[self.base] = 0.0
-        start, end = self.base[self.word] + self.lo, self.base[self.word] + self.hi
-        order = np.argsort(self.hi, kind="stable")
-        bounds = np.searchsorted(self.hi[order], np.arange(self.hi.max() + 2))
+        bounds = np.searchsorted(self.hi, np.arange(int(self.hi.max(initial=0)) + 2))
         for h in range(1, len(bounds) - 1):
-            e = order[bounds[h] : bounds[h + 1]]
+            e = slice(bounds[h], bounds[h + 1])  # all edges ending at offset h
             combine.at(alpha, end[e], alpha[start[e]] + logp[self.piece[e]])
         return alpha
 
     def backward(self, logp: np.ndarray) -> np.ndarray:
         """beta[node] = log of the summed probability of all ways to finish the string."""
-        beta = np.full(int(self.base[-1] + self.length[-1] + 1), -np.inf)
+        start, end, n_nodes = self.nodes
+        beta = np.full(n_nodes, -np.inf)
         beta[self.base + self.length] = 0.0
-        start, end = self.base[self.word] + self.lo, self.base[self.word] + self.hi
-        order = np.argsort(-self.lo, kind="stable")
-        lows = self.lo[order]
-        for lo in range(int(lows[0]), -1, -1):
-            e = order[np.searchsorted(-lows, -lo) : np.searchsorted(-lows, -lo, "right")]
+        order, bounds = self.by_start
+        for lo in range(len(bounds) - 2, -1, -1):
+            e = order[bounds[lo + 1] : bounds[lo]]  # all edges starting at offset lo
             np.logaddexp.at(beta, start[e], beta[end[e]] + logp[self.piece[e]])
         return beta
 
     def expected_counts(self, logp: np.ndarray, freq: np.ndarray) -> tuple[np.ndarray, float]:
         """E-step: C(t) = sum_x freq(x) E[count(t) | x], and the corpus log-likelihood."""
         alpha, beta = self.forward(logp), self.backward(logp)
+        start, end, _ = self.nodes
         log_px = alpha[self.base + self.length]  # log P(x) for every string
-        start, end = self.base[self.word] + self.lo, self.base[self.word] + self.hi
         # posterior of an edge: P(all segmentations through it) / P(x)
         post = np.exp(alpha[start] + logp[self.piece] + beta[end] - log_px[self.word])
         counts = np.bincount(self.piece, weights=post * freq[self.word], minlength=len(logp))
         return counts, float(freq @ log_px)
 
 
-def _candidates(words: Counter[str], max_chars: int, limit: int) -> dict[str, int]:
-    """Every character, plus the `limit` substrings with the largest count x length."""
-    counts: Counter[str] = Counter()
-    for w, f in words.items():
-        n = len(w)
-        for lo in range(n):
-            for hi in range(lo + 2, min(n, lo + max_chars) + 1):
-                counts[w[lo:hi]] += f
-    chars = sorted({c for w in words for c in w})
-    ranked = sorted((s for s, c in counts.items() if c > 1),
-                    key=lambda s: (-counts[s] * len(s), s))[:limit]
-    freq = Counter({c: 0 for c in chars})
-    for w, f in words.items():
-        for c in w:
-            freq[c] += f
-    return {s: (freq[s] if len(s) == 1 else counts[s]) for s in chars + ranked}
+def _substrings(strings: Sequence[str], max_chars: int):
+    """Every substring of at most `max_chars` characters: (string index, lo, hi) arrays and
+    the list of substrings, in order of string, then lo, then hi."""
+    spans = {n: [(lo, hi) for lo in range(n) for hi in range(lo + 1, min(n, lo + max_chars) + 1)]
+             for n in {len(s) for s in strings}}
+    subs = [s[lo:hi] for s in strings for lo, hi in spans[len(s)]]
+    table = {n: np.array(v, dtype=np.int64).reshape(-1, 2) for n, v in spans.items()}
+    lo_hi = np.concatenate([table[len(s)] for s in strings] or [np.zeros((0, 2), np.int64)])
+    word = np.repeat(np.arange(len(strings)), [len(spans[len(s)]) for s in strings])
+    return word, lo_hi[:, 0], lo_hi[:, 1], subs
+
+
+def _seed_pieces(counts: np.ndarray, lengths: np.ndarray, limit: int) -> np.ndarray:
+    """Every character, plus the `limit` substrings seen twice or more with the largest
+    count x length (ties: first seen). Returns a boolean mask over substring ids."""
+    multi = np.nonzero((lengths > 1) & (counts > 1))[0]
+    best = multi[np.argsort(-(counts[multi] * lengths[multi]), kind="stable")[:limit]]
+    alive = lengths == 1
+    alive[best] = True
+    return alive
 
 
 # --- the tokenizer -----------------------------------------------------------------------
@@ -190,19 +220,22 @@ class UnigramTokenizer(Tokenizer):
         chars = {c for w in words for c in w}
         check_vocab_size(vocab_size, len(special_tokens) + len(chars),
                          f"{len(special_tokens)} specials + {len(chars)} distinct characters")
-        seeds = _candidates(words, max_piece_chars, seed_factor * vocab_size)
-        strings = list(seeds)
-        piece_id = {s: i for i, s in enumerate(strings)}
-        single = np.array([len(s) == 1 for s in strings])
-        logp = np.log(np.array([seeds[s] for s in strings], float) + 1.0)
-        logp -= np.logaddexp.reduce(logp)
-        alive = np.ones(len(strings), dtype=bool)
+        # One pass over the words builds the lattice of all their substrings and counts
+        # them; the seed pieces are chosen from those counts.
         word_list = list(words)
         freq = np.array([words[w] for w in word_list], dtype=np.float64)
-        corpus = Lattice.build(word_list, piece_id, max_piece_chars)
-        multi = [s for s in strings if len(s) > 1]
-        inside = Lattice.build(multi, piece_id, max_piece_chars, whole=False)
-        multi_ids = np.array([piece_id[s] for s in multi], dtype=np.int64)
+        corpus, strings = Lattice.of_all_substrings(word_list, max_piece_chars)
+        piece_id = {s: i for i, s in enumerate(strings)}
+        lengths = np.array([len(s) for s in strings])
+        counts = np.bincount(corpus.piece, weights=freq[corpus.word], minlength=len(strings))
+        alive = _seed_pieces(counts, lengths, seed_factor * vocab_size)
+        single = lengths == 1
+        corpus = corpus.keep(alive)
+        logp = np.where(alive, np.log(counts + 1.0), -np.inf)
+        logp -= np.logaddexp.reduce(logp[alive])
+        multi_ids = np.nonzero(alive & ~single)[0]
+        inside = Lattice.build([strings[i] for i in multi_ids], piece_id, max_piece_chars,
+                               whole=False).keep(alive)
         target = vocab_size - len(special_tokens)
         while True:
             lattice = corpus.keep(alive)
