@@ -5,6 +5,7 @@
 
 SHELL := /bin/bash
 PYTHON ?= python3.11
+NPM ?= npm
 VENV := .venv
 BIN := $(VENV)/bin
 PY_STAMP := $(VENV)/.tfbook-installed
@@ -20,12 +21,14 @@ check-tools:
 	  echo "error: '$(PYTHON)' was not found. tfbook needs Python 3.11."; \
 	  echo "  Debian/Ubuntu: apt-get install python3.11 python3.11-venv   (or pyenv install 3.11)"; \
 	  echo "  Or point the Makefile at one: make book PYTHON=/path/to/python3.11"; exit 1; }
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { \
-	  echo "error: '$(PYTHON)' is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'), tfbook needs 3.11."; \
-	  echo "  Give one: make book PYTHON=/path/to/python3.11"; exit 1; }
-	@command -v npm >/dev/null 2>&1 || { \
-	  echo "error: 'npm' was not found. The book serves MathJax and the widget JavaScript itself,"; \
-	  echo "  installed from npm. Install Node.js 18+ with npm: apt-get install nodejs npm"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+	  echo "error: '$(PYTHON)' is not a working Python 3.11 ($$($(PYTHON) --version 2>&1 | head -1))."; \
+	  echo "  tfbook needs Python 3.11: apt-get install python3.11 python3.11-venv (or pyenv install 3.11),"; \
+	  echo "  or give one: make book PYTHON=/path/to/python3.11"; exit 1; }
+	@command -v $(NPM) >/dev/null 2>&1 || { \
+	  echo "error: '$(NPM)' was not found. The book serves MathJax and the widget JavaScript itself,"; \
+	  echo "  installed from the npm registry. Install Node.js 18+ with npm: apt-get install nodejs npm"; \
+	  exit 1; }
 
 $(PY_STAMP): $(PY_REQS)
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +41,7 @@ $(PY_STAMP): $(PY_REQS)
 	touch $@
 
 $(JS_STAMP): package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
+	$(NPM) ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # Copy the pinned front-end files to _vendor/, which Sphinx copies to the site root
