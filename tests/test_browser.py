@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch
-from tests.conftest import BUILD, ROOT, TOC
+from tests.conftest import BUILD, TOC
 
 SCREENSHOTS = BUILD / "screenshots"
 
