@@ -180,3 +180,26 @@ class Tokenizer:
                 f"{path} holds a {data.get('kind')!r} tokenizer, expected {cls.kind!r}"
             )
         return cls.from_dict(data)
+
+
+class StringVocabTokenizer(Tokenizer):
+    """A tokenizer whose vocabulary is a list of strings: `tokens[i]` is the token of id i
+    (WordPiece and Unigram; byte-level BPE stores bytes instead)."""
+
+    def __init__(self, tokens: Iterable[str], special_tokens: Iterable[str]) -> None:
+        self.tokens = list(tokens)
+        self.ids: dict[str, int] = {}
+        for i, token in enumerate(self.tokens):
+            self.ids.setdefault(token, i)
+        super().__init__({s: self.ids[s] for s in special_tokens if s in self.ids})
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        if token_id < 0:
+            raise IndexError(token_id)
+        return self.tokens[token_id].encode("utf-8")
+
+    def _num_ordinary(self) -> int:
+        return len(self.tokens)
+
+    def _token_index(self) -> dict[str, int]:
+        return self.ids

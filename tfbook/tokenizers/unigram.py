@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import regex
 
-from tfbook.tokenizers.base import Tokenizer, check_text, check_vocab_size
+from tfbook.tokenizers.base import StringVocabTokenizer, check_text, check_vocab_size
 
 SPACE = "\u2581"  # "▁", the visible stand-in for a space
 UNK_PENALTY = 10.0  # an unknown character scores (lowest piece score - 10), as in sentencepiece
@@ -174,7 +174,7 @@ def _seed_pieces(counts: np.ndarray, lengths: np.ndarray, limit: int) -> np.ndar
 
 # --- the tokenizer -----------------------------------------------------------------------
 
-class UnigramTokenizer(Tokenizer):
+class UnigramTokenizer(StringVocabTokenizer):
     """Pieces with log-probability scores; `pieces[i]` is the piece of id i."""
 
     kind = "unigram"
@@ -184,12 +184,10 @@ class UnigramTokenizer(Tokenizer):
         if len(pieces) != len(scores):
             raise ValueError(f"need one score per piece, got {len(pieces)} pieces and "
                              f"{len(scores)} scores")
-        self.pieces, self.scores = list(pieces), [float(s) for s in scores]
-        self.ids = {p: i for i, p in enumerate(self.pieces)}
-        specials = [s for s in special_tokens if s in self.ids]
-        if unk_token not in specials:
+        super().__init__(pieces, special_tokens)
+        self.scores = [float(s) for s in scores]
+        if unk_token not in self.special_tokens:
             raise ValueError(f"the special tokens must include the unknown token {unk_token!r}")
-        super().__init__({s: self.ids[s] for s in specials})
         self.unk_token, self.unk_id = unk_token, self.ids[unk_token]
         normal = [score for piece, score in zip(self.pieces, self.scores, strict=True)
                   if piece not in self.special_tokens]
@@ -339,16 +337,10 @@ class UnigramTokenizer(Tokenizer):
         """Ids -> text: pieces joined, ▁ back to spaces, the leading space removed."""
         return self.decode_bytes(ids).decode("utf-8").replace(SPACE, " ").removeprefix(" ")
 
-    def _token_bytes(self, token_id: int) -> bytes:
-        if token_id < 0:
-            raise IndexError(token_id)
-        return self.pieces[token_id].encode("utf-8")
-
-    def _num_ordinary(self) -> int:
-        return len(self.pieces)
-
-    def _token_index(self) -> dict[str, int]:
-        return self.ids
+    @property
+    def pieces(self) -> list[str]:
+        """The pieces, in id order (sentencepiece's name for the tokens)."""
+        return self.tokens
 
     def to_dict(self) -> dict[str, Any]:
         """The unknown token and one [piece, score] entry per id."""

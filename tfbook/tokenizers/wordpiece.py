@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tfbook.tokenizers.base import AllOrSet, Tokenizer, check_text, check_vocab_size
+from tfbook.tokenizers.base import AllOrSet, StringVocabTokenizer, check_text, check_vocab_size
 from tfbook.tokenizers.bpe import Pair, PairIndex
 from tfbook.tokenizers.pretokenize import bert_pretokenize
 
@@ -51,7 +51,7 @@ def likelihood_gain(n_ab, n_a, n_b, n_total, same: bool | np.ndarray = False):
             - xlogx(n_total - n_ab) + xlogx(n_total))
 
 
-class WordPieceTokenizer(Tokenizer):
+class WordPieceTokenizer(StringVocabTokenizer):
     """BERT-style WordPiece: `vocab[i]` is the token of id i; `##x` continues a word."""
 
     kind = "wordpiece"
@@ -66,17 +66,13 @@ class WordPieceTokenizer(Tokenizer):
         strip_accents: bool = True,
         special_tokens: Iterable[str] = BERT_SPECIAL_TOKENS,
     ) -> None:
-        self.vocab = list(vocab)
-        self.ids = {}
-        for i, token in enumerate(self.vocab):
-            self.ids.setdefault(token, i)
+        super().__init__(vocab, special_tokens)
         if unk_token not in self.ids:
             raise ValueError(f"the vocabulary must contain the unknown token {unk_token!r}")
-        super().__init__({s: self.ids[s] for s in special_tokens if s in self.ids})
         self.unk_token, self.unk_id = unk_token, self.ids[unk_token]
         self.prefix, self.max_word_chars = prefix, max_word_chars
         self.lowercase, self.strip_accents = lowercase, strip_accents
-        self.max_token_chars = max(len(t) for t in self.vocab)
+        self.max_token_chars = max(len(t) for t in self.tokens)
         self._word_cache: dict[str, list[int]] = {}
 
     @classmethod
@@ -198,16 +194,10 @@ class WordPieceTokenizer(Tokenizer):
         """Ids -> their token strings (checked like `decode_bytes`)."""
         return [self.decode_bytes([i]).decode("utf-8") for i in ids]
 
-    def _token_bytes(self, token_id: int) -> bytes:
-        if token_id < 0:
-            raise IndexError(token_id)
-        return self.vocab[token_id].encode("utf-8")
-
-    def _num_ordinary(self) -> int:
-        return len(self.vocab)
-
-    def _token_index(self) -> dict[str, int]:
-        return self.ids
+    @property
+    def vocab(self) -> list[str]:
+        """The tokens, in id order (BERT's name for them)."""
+        return self.tokens
 
     # --- saving ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
