@@ -26,6 +26,12 @@ def test_ffn_is_two_linears_and_acts_per_position(name):
     assert torch.allclose(ff(x[:, 2:3]), ff(x)[:, 2:3], atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["relu", "gelu", "gelu_tanh"])
+def test_fused_activation_is_the_same_function(name):
+    x = torch.linspace(-6, 6, 1001)
+    assert (activation(name)(x) - activation(name, fused=True)(x)).abs().max() <= 1e-6
+
+
 def test_unknown_activation():
     with pytest.raises(ValueError, match="one of .*got 'swish'"):
         activation("swish")

@@ -42,11 +42,17 @@ def test_future_tokens_do_not_change_the_past(model):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-def test_fused_and_manual_attention_agree(model):
+def test_fused_kernels_and_our_code_agree(model):
     idx = torch.randint(0, 256, (2, 16))
-    manual = GPT(replace(GPTConfig.tiny(), fused_attention=False)).eval()
-    manual.load_state_dict(model.state_dict())
-    assert (model(idx).logits - manual(idx).logits).abs().max() <= 1e-5
+    ours = GPT(replace(GPTConfig.tiny(), fused=False, activation="gelu")).eval()
+    fused = GPT(replace(GPTConfig.tiny(), fused=True, activation="gelu")).eval()
+    fused.load_state_dict(ours.state_dict())
+    assert (ours(idx).logits - fused(idx).logits).abs().max() <= 1e-5
+    targets = torch.randint(0, 256, (2, 16))
+    ours(idx, targets).loss.backward()
+    fused(idx, targets).loss.backward()
+    for a, b in zip(ours.parameters(), fused.parameters(), strict=True):
+        assert (a.grad - b.grad).abs().max() <= 1e-5
 
 
 def test_bad_input(model):

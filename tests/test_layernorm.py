@@ -27,3 +27,13 @@ def test_output_has_zero_mean_unit_variance_per_position():
     y = LayerNorm(64)(torch.randn(3, 7, 64) * 10 + 5)
     assert torch.allclose(y.mean(-1), torch.zeros(3, 7), atol=1e-5)
     assert torch.allclose(y.var(-1, unbiased=False), torch.ones(3, 7), atol=1e-3)
+
+
+def test_fused_flag_computes_the_same_function():
+    torch.manual_seed(0)
+    ours, fused = LayerNorm(16), LayerNorm(16, fused=True)
+    with torch.no_grad():
+        ours.weight.normal_()
+    fused.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, 16)
+    assert (ours(x) - fused(x)).abs().max() <= 1e-5

@@ -56,7 +56,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(
         self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-        fused: bool = True,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         if d_model % n_heads != 0:

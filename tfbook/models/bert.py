@@ -33,14 +33,14 @@ class BertConfig:
     d_ff: int = 3072  # F, FFN hidden size ("intermediate size")
     dropout: float = 0.1  # hidden and attention dropout
     layer_norm_eps: float = 1e-12  # BERT's (very small) LayerNorm epsilon
-    fused_attention: bool = True  # fused kernel when attention weights are not requested
+    fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
 
     def block_config(self) -> BlockConfig:
         """The per-block settings: post-LN, exact (erf) GELU."""
         return BlockConfig(
             d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, dropout=self.dropout,
             activation="gelu", norm_first=False, layer_norm_eps=self.layer_norm_eps,
-            fused_attention=self.fused_attention,
+            fused=self.fused,
         )
 
     @classmethod
@@ -76,7 +76,7 @@ class BertEmbeddings(nn.Module):
         self.token = TokenEmbedding(config.vocab_size, config.d_model)
         self.position = LearnedPositionalEmbedding(config.max_position, config.d_model)
         self.token_type = TokenEmbedding(config.type_vocab_size, config.d_model)
-        self.norm = LayerNorm(config.d_model, config.layer_norm_eps)
+        self.norm = LayerNorm(config.d_model, config.layer_norm_eps, config.fused)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -134,7 +134,7 @@ class BertMLMHead(nn.Module):
     def __init__(self, config: BertConfig, token_embedding: TokenEmbedding) -> None:
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
-        self.norm = LayerNorm(config.d_model, config.layer_norm_eps)
+        self.norm = LayerNorm(config.d_model, config.layer_norm_eps, config.fused)
         self.token_embedding = token_embedding  # shared E: (V, C)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # (V,)
 

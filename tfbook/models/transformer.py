@@ -39,14 +39,14 @@ class TransformerConfig:
     share_embeddings: bool = True  # one matrix for source, target and output (needs one vocab)
     scale_embeddings: bool = True  # multiply embeddings by sqrt(C) (section 3.4)
     layer_norm_eps: float = 1e-5  # LayerNorm epsilon
-    fused_attention: bool = True  # fused kernel when attention weights are not requested
+    fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
 
     def block_config(self) -> BlockConfig:
         """The settings shared by every encoder and decoder block."""
         return BlockConfig(
             d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
             activation=self.activation, norm_first=self.norm_first,
-            layer_norm_eps=self.layer_norm_eps, fused_attention=self.fused_attention,
+            layer_norm_eps=self.layer_norm_eps, fused=self.fused,
         )
 
     @classmethod
@@ -97,8 +97,9 @@ class Transformer(nn.Module):
         self.decoder = nn.ModuleList(
             [DecoderBlock(c.block_config()) for _ in range(c.n_decoder_layers)]
         )
-        self.encoder_norm = LayerNorm(c.d_model, c.layer_norm_eps) if c.final_norm else None
-        self.decoder_norm = LayerNorm(c.d_model, c.layer_norm_eps) if c.final_norm else None
+        final = c.final_norm
+        self.encoder_norm = LayerNorm(c.d_model, c.layer_norm_eps, c.fused) if final else None
+        self.decoder_norm = LayerNorm(c.d_model, c.layer_norm_eps, c.fused) if final else None
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         if c.share_embeddings:
             self.lm_head.weight = self.tgt_emb.weight  # the paper's three-way weight sharing
