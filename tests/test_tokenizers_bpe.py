@@ -73,6 +73,15 @@ def test_trace_records_each_merge(tok):
     assert counts[0] == max(counts)
 
 
+def test_top_pairs_record_the_counts_before_each_merge():
+    text = "low lower lowest newer newest wider"
+    tok = BPETokenizer.train(text, 270, top_pairs=3)
+    for step in tok.trace:
+        assert step.top_pairs[0] == (step.pair, step.count)  # the merged pair was the top one
+        assert [c for _, c in step.top_pairs] == sorted((c for _, c in step.top_pairs),
+                                                        reverse=True)
+
+
 def test_with_merges_replays_training(tok):
     early = tok.with_merges(10)
     assert len(early.merges) == 10 and early.vocab == tok.vocab[:266]

@@ -10,6 +10,10 @@ Three ideas make it fast enough for a megabyte of text in pure Python:
    (`PairIndex`), and keep candidates in a heap instead of re-counting everything.
 3. Encode a chunk with a heap of merge candidates over a linked list of tokens, so a
    20,000-byte chunk costs O(n log n) rather than O(n^2), and cache chunk encodings.
+
+Tie-breaking: among pairs with the same count, training merges the smallest
+(left id, right id); during encoding, among equal ranks the leftmost pair merges first
+(as tiktoken does).
 """
 
 from __future__ import annotations
@@ -98,6 +102,7 @@ class MergeStep:
     count: int
     new_id: int
     chunks: tuple[str, ...]  # the unique pre-split chunks that contained the pair
+    top_pairs: tuple[tuple[Pair, int], ...] = ()  # the most frequent pairs before this merge
 
 
 def merge_by_rank(ids: list[int], merges: dict[Pair, int]) -> list[int]:
@@ -139,6 +144,8 @@ class BPETokenizer(Tokenizer):
 
     Because a merge's new id grows with its position in the merge list, the id doubles as
     the merge's rank during encoding. Train with `BPETokenizer.train(text, vocab_size)`.
+    Two merges can spell the same bytes (" t" + "he" and " th" + "e"); each still gets its
+    own id, and `token_to_id` returns the smaller one.
     """
 
     kind = "bpe"
@@ -181,12 +188,15 @@ class BPETokenizer(Tokenizer):
         pattern: str | None = GPT4_SPLIT_PATTERN,
         special_tokens: Iterable[str] = (),
         keep_trace: bool = True,
+        top_pairs: int = 0,
     ) -> BPETokenizer:
         """Learn `vocab_size - 256 - len(special_tokens)` merges from `text`.
 
         Each step merges the most frequent adjacent pair; ties go to the smallest pair
         `(left id, right id)`. Stops early if no pair is left to merge. `pattern=None`
-        trains on the text as one chunk (no pre-split).
+        trains on the text as one chunk (no pre-split). With `keep_trace`, `tokenizer.trace`
+        lists every merge; `top_pairs=k` also records the k most frequent pairs before each
+        merge (a scan of all pairs per step: meant for small, illustrative texts).
 
         >>> tok = BPETokenizer.train("aaabdaaabac", 259, pattern=None)
         >>> [(tok.vocab[s.pair[0]] + tok.vocab[s.pair[1]], s.count) for s in tok.trace]
@@ -213,6 +223,11 @@ class BPETokenizer(Tokenizer):
             negative_count, pair = heapq.heappop(heap)
             if index.pair_counts.get(pair) != -negative_count:
                 continue  # stale heap entry: the count changed since it was pushed
+            top: tuple[tuple[Pair, int], ...] = ()
+            if top_pairs:
+                counts = index.pair_counts
+                top = tuple((p, counts[p]) for p in heapq.nsmallest(
+                    top_pairs, counts, key=lambda p: (-counts[p], p)))
             words, changed = index.merge(pair, next_id)
             for p in changed:
                 if p in index.pair_counts:
@@ -220,7 +235,7 @@ class BPETokenizer(Tokenizer):
             merges[pair] = next_id
             if keep_trace:
                 trace.append(MergeStep(pair, -negative_count, next_id,
-                                       tuple(chunks[w] for w in words)))
+                                       tuple(chunks[w] for w in words), top))
             next_id += 1
         special_ids = {s: next_id + k for k, s in enumerate(specials)}
         tokenizer = cls(merges, pattern, special_ids)

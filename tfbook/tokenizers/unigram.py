@@ -205,13 +205,17 @@ class UnigramTokenizer(StringVocabTokenizer):
         shrink: float = 0.2,
         em_iterations: int = 2,
     ) -> UnigramTokenizer:
-        """Learn `vocab_size` pieces (specials included) from `text`.
+        """Learn `vocab_size` pieces (specials included; the first special is the unknown).
 
-        Seeds `seed_factor * vocab_size` candidate substrings (up to `max_piece_chars`),
-        then repeats: `em_iterations` EM steps, drop the `shrink` fraction of multi-character
-        pieces with the smallest loss, until the size is reached; a final EM sets the scores.
+        Seeds every character plus the `seed_factor * vocab_size` most promising substrings
+        (up to `max_piece_chars`), then repeats: `em_iterations` EM steps, drop the `shrink`
+        fraction of multi-character pieces with the smallest loss, until the size is
+        reached; the EM after the last pruning sets the scores. Pieces that no segmentation
+        uses are dropped on the way, so a small text can end with fewer pieces.
         """
         check_text(text)
+        if not special_tokens:
+            raise ValueError("special_tokens must name at least the unknown token, got none")
         words = Counter(split_words(text))
         if not words:
             raise ValueError("cannot train on an empty text: expected at least one character")
@@ -238,11 +242,11 @@ class UnigramTokenizer(StringVocabTokenizer):
         while True:
             lattice = corpus.keep(alive)
             for _ in range(em_iterations):
-                counts, _ = lattice.expected_counts(logp, freq)
-                alive &= single | (counts >= 0.5)  # pieces nobody uses go at once
-                counts = np.where(alive, np.maximum(counts, 0.5), 0.0)
-                logp = np.log(np.where(alive, counts, 1.0)) - np.log(counts.sum())
-                logp[~alive] = -np.inf
+                counts, _ = lattice.expected_counts(logp, freq)  # E-step
+                alive &= single | (counts >= 0.5)  # pieces (almost) nobody uses go at once
+                counts = np.where(alive, np.maximum(counts, 0.5), 0.0)  # characters stay > 0
+                with np.errstate(divide="ignore"):  # log 0 = -inf for the dropped pieces
+                    logp = np.log(counts) - np.log(counts.sum())  # M-step: p = C / sum C
             excess = int(alive.sum()) - target
             if excess <= 0:
                 break
