@@ -23,7 +23,7 @@ from tfbook.tokenizers.pretrained import package_data
 
 os.environ["TIKTOKEN_CACHE_DIR"] = ""  # tiktoken must neither download nor cache anything
 
-LINES = stdlib_corpus(200_000).splitlines() + stress_lines()
+LINES = stdlib_corpus().splitlines() + stress_lines()  # the whole corpus, line by line
 
 
 @pytest.fixture(scope="module")
