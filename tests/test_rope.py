@@ -5,7 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfbook.rope import apply_rope, half_split_permutation, to_half_split, to_interleaved
+from tfbook.rope import (
+    apply_rope,
+    half_split_permutation,
+    relative_scores,
+    to_half_split,
+    to_interleaved,
+)
 
 D = 16
 
@@ -66,3 +72,17 @@ def test_bad_arguments():
         apply_rope(torch.randn(3, 5))
     with pytest.raises(ValueError, match=r"\(T,\) = \(3,\), got \(4,\)"):
         apply_rope(torch.randn(3, D), torch.arange(4))
+
+
+def test_relative_scores_equal_rotating_both_vectors():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(D, generator=g,
+                                                                         dtype=torch.float64)
+    offsets = torch.arange(0, 40)
+    scores = relative_scores(q, k, offsets, convention="half")
+    for m in (0, 7, 39):
+        both = rotated(q, 100, "half") @ rotated(k, 100 + m, "half")
+        assert torch.allclose(scores[m], both)
+    # long-term decay: with q = k = ones the score shrinks (on average) with the distance
+    decay = relative_scores(torch.ones(64), torch.ones(64), torch.arange(0, 1000))
+    assert decay[0] == 64 and decay[:10].mean() > decay[100:200].abs().mean()

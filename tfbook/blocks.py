@@ -8,6 +8,7 @@ layers through a plain sum; deep post-LN stacks need learning-rate warmup to tra
 Shape legend: B batch, T target sequence, S source sequence, C model width.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -34,8 +35,13 @@ class BlockConfig:
     fused: bool = True
 
 
-def residual(x: Tensor, sublayer, norm: nn.Module, dropout: nn.Module, norm_first: bool):
-    """One sub-layer on the residual stream, post-LN or pre-LN. `sublayer` returns (y, weights)."""
+SubLayer = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # h -> (output, attention weights)
+
+
+def residual(
+    x: Tensor, sublayer: SubLayer, norm: nn.Module, dropout: nn.Module, norm_first: bool
+) -> tuple[Tensor, Tensor | None]:
+    """One sub-layer on the residual stream, post-LN or pre-LN (seed 003)."""
     if norm_first:
         y, weights = sublayer(norm(x))
         return x + dropout(y), weights  # pre-LN: the stream itself is never normalised

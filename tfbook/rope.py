@@ -77,3 +77,17 @@ def to_interleaved(x: Tensor) -> Tensor:
     """Inverse of `to_half_split`: (..., D) half-split layout -> interleaved layout."""
     inverse = torch.argsort(half_split_permutation(x.size(-1)))  # (D,)
     return x[..., inverse.to(x.device)]
+
+
+def relative_scores(
+    q: Tensor, k: Tensor, offsets: Tensor, base: float = 10000.0,
+    convention: str = "interleaved",
+) -> Tensor:
+    """q . k after RoPE with the key `offset` positions after the query: (D,), (D,) -> (N,).
+
+    Since the score depends only on the offset, the query can sit at position 0 (where it
+    is not rotated) and the key at position `offset`. With q = k = ones this is the "long-term
+    decay" curve of the RoPE paper (section 3.4.3).
+    """
+    keys = k.expand(offsets.numel(), -1)  # (N, D): the same key at N positions
+    return apply_rope(keys, offsets, base, convention) @ q  # (N, D) @ (D,) -> (N,)
