@@ -107,7 +107,11 @@ def test_wordpiece_ids_equal_hf_tokenizers_on_every_line(hf_minilm):
 
 def test_wordpiece_unknown_and_long_words(hf_minilm):
     ours = load_minilm_wordpiece()
-    for text in ["x" * 101, "x" * 100, "\U0001d54f\U0001d550 ok", "☃⛄ snow"]:
+    hard = ["x" * 101, "x" * 100, "\U0001d54f\U0001d550 ok", "☃⛄ snow",
+            "a\U0006d42cb",  # unassigned code points are kept (and unknown)
+            "a\ue000b\x01c\x85d",  # private use and control characters are deleted
+            "\u4e00\U0002b8d0\U0002b920x"]  # the CJK blocks exactly as HF draws them
+    for text in hard:
         assert ours.encode(text) == hf_minilm.encode(text, add_special_tokens=False).ids
     assert ours.encode("x" * 101) == [ours.unk_id]
 

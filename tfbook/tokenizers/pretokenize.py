@@ -44,14 +44,16 @@ def regex_split(text: str, pattern: str = GPT4_SPLIT_PATTERN) -> list[str]:
 
 # --- BERT's basic pre-processing ---------------------------------------------------------
 
-# Control and format characters (Unicode category C*) are deleted, except \t \n \r which
-# count as whitespace; NUL and U+FFFD are deleted too.
-_BERT_DELETE = regex.compile(r"[\x00\ufffd]|(?![\t\n\r])\p{C}")
+# Control, format, private-use and surrogate characters (Cc, Cf, Co, Cs) are deleted, except
+# \t \n \r which count as whitespace; NUL and U+FFFD too. Unassigned code points (Cn) stay.
+_BERT_DELETE = regex.compile(r"[\x00\ufffd]|(?![\t\n\r])[\p{Cc}\p{Cf}\p{Co}\p{Cs}]")
 _BERT_SPACE = regex.compile(r"\s")
 # CJK Unified Ideographs blocks (not Hangul or kana): BERT puts spaces around each one.
+# Google's BERT starts the Extension E block at U+2B820; HF tokenizers, whose ids we match,
+# starts it at U+2B920, so U+2B820..U+2B91F are not spaced out here.
 _CJK = regex.compile(
     "([\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f"
-    "\U0002b740-\U0002b81f\U0002b820-\U0002ceaf\uf900-\ufaff\U0002f800-\U0002fa1f])"
+    "\U0002b740-\U0002b81f\U0002b920-\U0002ceaf\uf900-\ufaff\U0002f800-\U0002fa1f])"
 )
 _MARKS = regex.compile(r"\p{Mn}")
 # BERT's punctuation: every ASCII non-alphanumeric printable character plus Unicode P*.
