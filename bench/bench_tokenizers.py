@@ -161,7 +161,8 @@ def main() -> None:
 
     report = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "platform": platform.platform()},
+                    "platform": platform.platform(),
+                    "load_average_1min_at_end": os.getloadavg()[0]},
         "corpus": {"chars": len(text), "bytes": len(text.encode("utf-8")), "lines": len(lines)},
         "rows": rows,
         "adversarial_cl100k": adversarial,
@@ -170,7 +171,8 @@ def main() -> None:
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
 
     print(f"corpus: {len(text):,} chars; python {platform.python_version()}, "
-          f"{os.cpu_count()} cpus")
+          f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f} (other processes "
+          "skew both sides of a ratio less than the absolute times)")
     print(f"{'benchmark':<62} {'tfbook':>12} {'reference':>12} {'ratio':>7}  goal")
     for r in rows:
         mark = "ok" if r["goal_met"] else "MISSED"
