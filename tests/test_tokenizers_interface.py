@@ -53,3 +53,11 @@ def test_errors_say_what_was_expected(tok):
         tok.encode(b"abc")
     with pytest.raises(ValueError, match=f"unknown token id {tok.vocab_size} at position 0"):
         tok.decode([tok.vocab_size])
+
+
+def test_tokenize_shows_the_tokens(tok):
+    text = "Tokenizers split text."
+    tokens = tok.tokenize(text)
+    assert len(tokens) == len(tok.encode(text))
+    assert "".join(tokens).replace("##", "").replace("▁", " ").replace(" ", "").lower() == (
+        text.replace(" ", "").lower())

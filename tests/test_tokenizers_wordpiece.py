@@ -10,7 +10,7 @@ import pytest
 
 from tfbook.corpus import stdlib_corpus
 from tfbook.tokenizers import WordPieceTokenizer, bert_pretokenize
-from tfbook.tokenizers.wordpiece import likelihood_gain, log_likelihood
+from tfbook.tokenizers.wordpiece import likelihood_gain, log_likelihood, occurrence_gain
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -71,6 +71,14 @@ def test_likelihood_gain_on_random_counts():
         total = n_a + n_b + rest
         assert float(likelihood_gain(n_ab, n_a, n_b, total)) == pytest.approx(
             log_likelihood(after) - log_likelihood(before), rel=1e-9, abs=1e-9)
+
+
+def test_seed_occurrence_sum_is_the_first_order_gain():
+    n_a, n_b, total = 50_000, 80_000, 10_000_000
+    for n_ab in (1, 10, 100):
+        exact = float(likelihood_gain(n_ab, n_a, n_b, total))
+        assert exact == pytest.approx(float(occurrence_gain(n_ab, n_a, n_b, total)) - n_ab,
+                                      rel=1e-2)
 
 
 def test_first_merge_is_the_best_by_brute_force():

@@ -89,6 +89,13 @@ class Tokenizer:
                 ids.extend(self._encode_ordinary(piece))
         return ids
 
+    def tokenize(self, text: str, **options: Any) -> list[str]:
+        """Text -> the token strings (`encode` then `id_to_token`), e.g. for display.
+
+        A byte-level token that holds only part of a UTF-8 character shows as U+FFFD.
+        """
+        return [self.id_to_token(i) for i in self.encode(text, **options)]
+
     def encode_ordinary(self, text: str) -> list[int]:
         """Text -> ids with every special-token string treated as plain text."""
         return self._encode_ordinary(check_text(text))

@@ -43,12 +43,22 @@ def likelihood_gain(n_ab, n_a, n_b, n_total, same: bool | np.ndarray = False):
     #c = n_ab, #a -= n_ab, #b -= n_ab, N -= n_ab (if a == b, #a -= 2 n_ab). Only four terms
     of L change, so Delta = f(#a') - f(#a) + f(#b') - f(#b) + f(#c) - f(N') + f(N).
     Works elementwise on numpy arrays (the trainer scores all pairs at once).
+    When n_ab is small next to n_a, n_b and N, a first-order expansion gives
+    Delta ~ `occurrence_gain(...)` - n_ab: the seed's per-occurrence sum, minus one nat per
+    merge. The popular score n_ab / (n_a n_b) ranks pairs by that per-occurrence term.
     """
     n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
     distinct = (xlogx(n_a - n_ab) - xlogx(n_a) + xlogx(n_b - n_ab) - xlogx(n_b))
     equal = xlogx(n_a - 2 * n_ab) - xlogx(n_a)
     return (np.where(same, equal, distinct) + xlogx(n_ab)
             - xlogx(n_total - n_ab) + xlogx(n_total))
+
+
+def occurrence_gain(n_ab, n_a, n_b, n_total):
+    """The seed's sum over the occurrences of ab of log P(c) - log P(a) - log P(b), with
+    P(t) = n_t / N before the merge: n_ab log(n_ab N / (n_a n_b))."""
+    n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
+    return n_ab * (np.log(n_ab) + np.log(n_total) - np.log(n_a) - np.log(n_b))
 
 
 class WordPieceTokenizer(StringVocabTokenizer):
