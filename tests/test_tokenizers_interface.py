@@ -5,6 +5,7 @@ import pytest
 from tfbook.corpus import stdlib_corpus
 from tfbook.tokenizers import (
     BPETokenizer,
+    Tokenizer,
     UnigramTokenizer,
     WordPieceTokenizer,
     load_cl100k,
@@ -61,3 +62,15 @@ def test_tokenize_shows_the_tokens(tok):
     assert len(tokens) == len(tok.encode(text))
     assert "".join(tokens).replace("##", "").replace("▁", " ").replace(" ", "").lower() == (
         text.replace(" ", "").lower())
+
+
+def test_save_then_load_any_kind(tok, tmp_path):
+    path = tmp_path / "tok.json"
+    tok.save(path)
+    loaded = Tokenizer.load(path)
+    assert type(loaded) is type(tok)
+    text = stdlib_corpus(3_000)
+    assert loaded.encode(text) == tok.encode(text)
+    other = BPETokenizer if not isinstance(tok, BPETokenizer) else WordPieceTokenizer
+    with pytest.raises(ValueError, match=f"holds a '{tok.kind}' tokenizer, expected one of"):
+        other.load(path)

@@ -38,6 +38,11 @@ class Tokenizer:
     """Common base: text -> ids -> text, with special tokens only when the caller allows them."""
 
     kind = "base"  # written into saved files, checked on load
+    _kinds: dict[str, type[Tokenizer]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        Tokenizer._kinds[cls.kind] = cls  # so that Tokenizer.load finds the right class
 
     def __init__(self, special_tokens: dict[str, int] | None = None) -> None:
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
@@ -180,13 +185,13 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Read a file written by `save`."""
+        """Read a file written by `save` (`Tokenizer.load` reads any kind)."""
         data = json.loads(Path(path).read_text("utf-8"))
-        if data.get("kind") != cls.kind:
-            raise ValueError(
-                f"{path} holds a {data.get('kind')!r} tokenizer, expected {cls.kind!r}"
-            )
-        return cls.from_dict(data)
+        kind = data.get("kind")
+        expected = sorted(Tokenizer._kinds) if cls is Tokenizer else [cls.kind]
+        if kind not in expected:
+            raise ValueError(f"{path} holds a {kind!r} tokenizer, expected one of {expected}")
+        return Tokenizer._kinds[kind].from_dict(data)
 
 
 class StringVocabTokenizer(Tokenizer):
