@@ -50,6 +50,8 @@ def test_special_tokens_are_never_silent(tok):
 
 
 def test_errors_say_what_was_expected(tok):
+    with pytest.raises(TypeError, match="allowed_special must be 'all' or a set of strings"):
+        tok.encode("abc", allowed_special="<|endoftext|>")
     with pytest.raises(TypeError, match="text must be a str, got bytes"):
         tok.encode(b"abc")
     with pytest.raises(ValueError, match=f"unknown token id {tok.vocab_size} at position 0"):

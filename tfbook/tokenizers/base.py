@@ -154,6 +154,10 @@ class Tokenizer:
         self, text: str, allowed: AllOrSet, disallowed: AllOrSet
     ) -> Iterator[tuple[str, bool]]:
         """Cut `text` around allowed special tokens: yields (piece, is_special)."""
+        for name, value in (("allowed_special", allowed), ("disallowed_special", disallowed)):
+            if isinstance(value, str) and value != "all":
+                raise TypeError(f"{name} must be 'all' or a set of strings, got the string "
+                                f"{value!r}; write {{{value!r}}} for a set of one token")
         allowed_set = set(self.special_tokens) if allowed == "all" else set(allowed)
         unknown = allowed_set - set(self.special_tokens)
         if unknown:
