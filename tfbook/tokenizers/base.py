@@ -42,7 +42,8 @@ class Tokenizer:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        Tokenizer._kinds[cls.kind] = cls  # so that Tokenizer.load finds the right class
+        if "kind" in vars(cls):  # a concrete algorithm: Tokenizer.load can now find it
+            Tokenizer._kinds[cls.kind] = cls
 
     def __init__(self, special_tokens: dict[str, int] | None = None) -> None:
         self.special_tokens: dict[str, int] = dict(special_tokens or {})
