@@ -78,11 +78,19 @@ def test_special_tokens_match_tiktoken(tiktoken_gpt2, tiktoken_cl100k):
 
 @settings(max_examples=150, deadline=None)
 @given(st.text())
-def test_bpe_round_trip_and_parity_on_any_unicode(tiktoken_gpt2, tiktoken_cl100k, text):
+def test_bpe_round_trip_on_any_unicode(text):
+    for ours in (load_gpt2(), load_cl100k()):
+        assert ours.decode(ours.encode(text, disallowed_special=())) == text
+
+
+# Parity on random text, restricted to code points assigned in Python 3.11's Unicode 14:
+# newer letters (e.g. U+323B0, Unicode 17) are \p{L} for the `regex` package but not yet
+# for tiktoken's Rust regex, so the two split such text differently.
+@settings(max_examples=150, deadline=None)
+@given(st.text(st.characters(exclude_categories=["Cn", "Cs"])))
+def test_bpe_parity_with_tiktoken_on_random_text(tiktoken_gpt2, tiktoken_cl100k, text):
     for ours, ref in pairs(tiktoken_gpt2, tiktoken_cl100k):
-        ids = ours.encode(text, disallowed_special=())
-        assert ours.decode(ids) == text
-        assert ids == ref.encode(text, disallowed_special=())
+        assert ours.encode(text, disallowed_special=()) == ref.encode(text, disallowed_special=())
 
 
 @pytest.mark.parametrize("text", ["a" * 20_000, "机器学习" * 1250, " " * 20_000 + "x"],
