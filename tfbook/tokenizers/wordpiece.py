@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tfbook.tokenizers.base import AllOrSet, StringVocabTokenizer, check_text, check_vocab_size
 from tfbook.tokenizers.bpe import Pair, PairIndex
@@ -23,7 +24,7 @@ from tfbook.tokenizers.pretokenize import bert_pretokenize
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def xlogx(x: np.ndarray | float) -> np.ndarray:
+def xlogx(x: ArrayLike) -> np.ndarray:
     """x log x with 0 log 0 = 0 (the building block of a log-likelihood of counts)."""
     x = np.asarray(x, dtype=np.float64)
     return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
@@ -36,7 +37,8 @@ def log_likelihood(counts: Mapping[Any, int] | Iterable[int]) -> float:
     return float(xlogx(n).sum() - xlogx(n.sum()))
 
 
-def likelihood_gain(n_ab, n_a, n_b, n_total, same: bool | np.ndarray = False):
+def likelihood_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: ArrayLike,
+                    same: ArrayLike = False) -> np.ndarray:
     """Delta(a, b) = L(after merging a, b into c) - L(before), in closed form.
 
     With f(x) = x log x and L = sum_t f(n_t) - f(N), the merge moves n_ab occurrences:
@@ -54,7 +56,8 @@ def likelihood_gain(n_ab, n_a, n_b, n_total, same: bool | np.ndarray = False):
             - xlogx(n_total - n_ab) + xlogx(n_total))
 
 
-def occurrence_gain(n_ab, n_a, n_b, n_total):
+def occurrence_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: ArrayLike
+                    ) -> np.ndarray:
     """The seed's sum over the occurrences of ab of log P(c) - log P(a) - log P(b), with
     P(t) = n_t / N before the merge: n_ab log(n_ab N / (n_a n_b))."""
     n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
