@@ -122,7 +122,7 @@ def bench_gpt() -> dict:
         "ours": step(ours, lambda i: ours(i).logits),
         "own_code": step(ours_own_code, lambda i: ours_own_code(i).logits),
         "theirs": step(theirs, theirs),
-    }, repeats=7)
+    }, repeats=5)
     t_ours, t_theirs = t["ours"], t["theirs"]
     return {
         "config": asdict(GPT_BENCH) | {"B": B, "T": T},
@@ -166,7 +166,7 @@ def bench_minilm() -> dict:
         return reference.encode(SENTENCES, batch_size=len(SENTENCES), convert_to_tensor=True)
 
     diff = (encode_ours() - encode_theirs()).abs().max().item()
-    t = median_times({"ours": encode_ours, "theirs": encode_theirs}, repeats=9)
+    t = median_times({"ours": encode_ours, "theirs": encode_theirs}, repeats=7)
     t_ours, t_theirs = t["ours"], t["theirs"]
     return {
         "n_sentences": len(SENTENCES),

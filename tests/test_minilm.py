@@ -40,9 +40,15 @@ def ours():
     return load_minilm()
 
 
-def test_hidden_states_and_attention_equal_transformers(batch, ours):
-    hf = transformers.AutoModel.from_pretrained(str(minilm_dir()), attn_implementation="eager")
-    hf.eval()
+@pytest.fixture(scope="module")
+def hf():
+    model = transformers.AutoModel.from_pretrained(str(minilm_dir()), attn_implementation="eager")
+    return model.eval()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "own-code"])
+def test_hidden_states_and_attention_equal_transformers(batch, hf, fused):
+    ours = load_minilm(fused=fused)
     assert batch["attention_mask"].sum(1).min() < batch["input_ids"].size(1)  # padding present
     with torch.no_grad():
         ref = hf(**batch, output_attentions=True)

@@ -11,6 +11,7 @@ tokens, then scaled to unit length so that a dot product is a cosine similarity.
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -119,10 +120,14 @@ def load_hf_bert(hf_tensors: dict[str, Tensor], config: BertConfig) -> Bert:
     return model.eval()
 
 
-def load_minilm(model_dir: Path | str | None = None) -> Bert:
-    """The pretrained all-MiniLM-L6-v2 as a tfbook Bert, in eval mode (no dropout)."""
+def load_minilm(model_dir: Path | str | None = None, fused: bool = True) -> Bert:
+    """The pretrained all-MiniLM-L6-v2 as a tfbook Bert, in eval mode (no dropout).
+
+    fused=False runs every LayerNorm, GELU and attention through tfbook's own code.
+    """
     model_dir = minilm_dir() if model_dir is None else Path(model_dir)
     config = bert_config_from_hf(json.loads((model_dir / "config.json").read_text()))
+    config = replace(config, fused=fused)
     hf_tensors = load_file(model_dir / "model.safetensors")  # plain tensors, no pickle
     return load_hf_bert(hf_tensors, config)
 
