@@ -154,3 +154,13 @@ def test_mha_fully_masked_query_gives_bias_only(need_weights):
     mask[0] = False
     out, _ = mha(x, mask=mask, need_weights=need_weights)
     assert torch.allclose(out[:, 0], mha.out_proj.bias.expand(B, -1))
+
+
+def test_causal_cross_attention_to_a_longer_source_fused_equals_manual():
+    # queries are the last T of S positions (as with cached keys): both paths must agree
+    mha = make_mha(seed=6)
+    x, memory = torch.randn(B, 3, 32), torch.randn(B, 8, 32)
+    manual, w = mha(x, memory, causal=True)
+    fused, _ = mha(x, memory, causal=True, need_weights=False)
+    assert (manual - fused).abs().max() <= 1e-6
+    assert torch.all(w[:, :, 0, 6:] == 0) and torch.all(w[:, :, 2] > 0)

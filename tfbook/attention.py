@@ -105,17 +105,18 @@ class MultiHeadAttention(nn.Module):
         v = self.split_heads(self.v_proj(source))  # (B, H, S, D)
         p = self.dropout if self.training else 0.0
 
+        full = combine_masks(causal_mask(T, S, x.device) if causal else None, mask)
         if self.fused and not need_weights:
             if mask is not None:
                 check_mask(mask, T, S)
-            if causal and mask is None:
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            else:
-                full = combine_masks(causal_mask(T, S, x.device) if causal else None, mask)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
+            # for a plain square causal mask the kernel's is_causal flag can skip masked blocks
+            only_causal = causal and mask is None and S == T
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=None if only_causal else full, dropout_p=p,
+                is_causal=only_causal,
+            )  # (B, H, T, D)
             weights = None
         else:
-            full = combine_masks(causal_mask(T, S, x.device) if causal else None, mask)
             y, weights = scaled_dot_product_attention(q, k, v, full, dropout_p=p)
             # (B, H, T, D), (B, H, T, S)
 
