@@ -6,6 +6,7 @@
 Shape legend: B batch, T sequence, C model width, H heads, V vocab.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +80,11 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix to embed and unembed
         self.apply(init_weights)
+        # GPT-2 (section 2.3): the layers that write into the residual stream start smaller,
+        # std 0.02 / sqrt(2N), so that the sum of 2N contributions keeps a steady size
+        for block in self.blocks:
+            for proj in (block.attn.out_proj, block.ff.fc_out):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False
