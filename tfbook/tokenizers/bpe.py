@@ -166,6 +166,7 @@ class BPETokenizer(Tokenizer):
         self.byte_ids = list(byte_ids) if byte_ids is not None else list(range(256))
         if sorted(self.byte_ids) != list(range(256)):
             raise ValueError("byte_ids must be a permutation of 0..255")
+        self._byte_table = bytes(self.byte_ids)  # for bytes.translate: byte -> its id
         size = 256 + len(self.merges)
         self.vocab: list[bytes] = [b""] * size  # id -> the bytes it stands for
         for b, i in enumerate(self.byte_ids):
@@ -250,7 +251,7 @@ class BPETokenizer(Tokenizer):
     # --- encoding -------------------------------------------------------------------------
     def encode_chunk(self, chunk: bytes) -> list[int]:
         """Encode one pre-split chunk given as bytes."""
-        ids = [self.byte_ids[b] for b in chunk]
+        ids = list(chunk.translate(self._byte_table))  # [byte_ids[b] for b in chunk], in C
         return merge_by_rank(ids, self.merges) if len(ids) > 1 else ids
 
     def _encode_ordinary(self, text: str) -> list[int]:
