@@ -195,7 +195,8 @@ class BPETokenizer(Tokenizer):
 
         Each step merges the most frequent adjacent pair; ties go to the smallest pair
         `(left id, right id)`. Stops early if no pair is left to merge. `pattern=None`
-        trains on the text as one chunk (no pre-split). With `keep_trace`, `tokenizer.trace`
+        trains on the text as one chunk (no pre-split; for small texts, since every merge
+        then rescans the whole text). With `keep_trace`, `tokenizer.trace`
         lists every merge; `top_pairs=k` also records the k most frequent pairs before each
         merge (a scan of all pairs per step: meant for small, illustrative texts).
 
