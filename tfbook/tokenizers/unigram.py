@@ -38,12 +38,20 @@ _WORD = regex.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
 
 
 def to_pieces_form(text: str) -> str:
-    """Spaces to ▁ and one ▁ in front: "Hi  you" -> "▁Hi▁▁you" ("" stays "")."""
+    """Spaces to ▁ and one ▁ in front ("" stays "").
+
+    >>> to_pieces_form("Hi  you")
+    '▁Hi▁▁you'
+    """
     return SPACE + text.replace(" ", SPACE) if text else ""
 
 
 def split_words(text: str) -> list[str]:
-    """The words no piece crosses: "Hi  you" -> ['▁Hi', '▁', '▁you']."""
+    """The words no piece crosses.
+
+    >>> split_words("Hi  you")
+    ['▁Hi', '▁', '▁you']
+    """
     return _WORD.findall(to_pieces_form(text))
 
 

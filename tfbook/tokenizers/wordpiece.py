@@ -155,7 +155,14 @@ class WordPieceTokenizer(StringVocabTokenizer):
 
     # --- encoding -------------------------------------------------------------------------
     def encode_word(self, word: str) -> list[int]:
-        """Greedy longest match: "unaffable" -> un ##aff ##able (if those are in the vocab)."""
+        """Greedy longest match from the left; `##` marks a piece inside the word.
+
+        >>> tok = WordPieceTokenizer(["[UNK]", "un", "##aff", "##able", "##a"])
+        >>> [tok.vocab[i] for i in tok.encode_word("unaffable")]
+        ['un', '##aff', '##able']
+        >>> tok.encode_word("unx") == [tok.unk_id]  # "##x" matches nothing: the word is unknown
+        True
+        """
         if len(word) > self.max_word_chars:
             return [self.unk_id]
         ids, start = [], 0
