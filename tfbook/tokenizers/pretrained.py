@@ -71,7 +71,8 @@ def load_gpt2() -> BPETokenizer:
     for rank, line in enumerate(merge_lines):
         left, right = line.split(" ")
         new_id = encoder[left + right]
-        assert new_id == 256 + rank, "GPT-2 assigns ids in merge order"
+        if new_id != 256 + rank:  # BPETokenizer relies on ids being given in merge order
+            raise ValueError(f"merge {rank} ({line!r}) has id {new_id}, expected {256 + rank}")
         merges[encoder[left], encoder[right]] = new_id
     return BPETokenizer(merges, GPT2_SPLIT_PATTERN, GPT2_SPECIAL_TOKENS, byte_ids)
 
