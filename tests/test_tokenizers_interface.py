@@ -1,5 +1,9 @@
 """Every tokenizer, trained or loaded, offers the same interface and the same errors."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tfbook.corpus import stdlib_corpus
@@ -76,3 +80,19 @@ def test_save_then_load_any_kind(tok, tmp_path):
     other = BPETokenizer if not isinstance(tok, BPETokenizer) else WordPieceTokenizer
     with pytest.raises(ValueError, match=f"holds a '{tok.kind}' tokenizer, expected one of"):
         other.load(path)
+
+
+def test_training_does_not_depend_on_the_hash_seed():
+    code = """
+import hashlib, json
+from tfbook.corpus import stdlib_corpus
+from tfbook.tokenizers import BPETokenizer, UnigramTokenizer, WordPieceTokenizer
+text = stdlib_corpus(15_000)
+tokenizers = [BPETokenizer.train(text, 300), WordPieceTokenizer.train(text, 300),
+              UnigramTokenizer.train(text, 300)]
+print(hashlib.sha256(json.dumps([t.to_dict() for t in tokenizers]).encode()).hexdigest())
+"""
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2")}
+    assert len(digests) == 1
