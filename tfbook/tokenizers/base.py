@@ -2,8 +2,13 @@
 and save/load as human-readable JSON.
 
 A subclass provides `_encode_ordinary(text)` (text without special tokens), `_token_bytes(id)`
-(what one id stands for), `to_dict()`/`from_dict()`; this base class adds the special-token
-handling and the error messages so that all tokenizers behave the same at the edges.
+(what one id stands for), `_num_ordinary()` (ordinary ids are 0..n-1) and
+`to_dict()`/`from_dict()`; this base class adds the special-token handling and the error
+messages so that all tokenizers behave the same at the edges.
+
+Special tokens follow tiktoken's rule: a special string in the text becomes its special id
+only if the caller lists it in `allowed_special`; otherwise it is an error (the default) or,
+with `disallowed_special=()`, ordinary text. It is never silently a special id.
 """
 
 from __future__ import annotations
