@@ -29,7 +29,7 @@ function render({ model, el: element }) {
   const jSlider = slider({ label: "key position j", min: 0, max: 1, value: 0,
                            onInput: (v) => setPositions(model.get("query_position"), v) });
   const both = el("button", {}, "move both +1");
-  const planes = el("div", { class: "tfw-row" });
+  const planes = el("div", { class: "tfw-row", style: "gap:4px" });
   const scoreBox = el("div", {});
   const canvas = el("canvas", { "aria-label": "each plane's term of the score" });
   const planeNote = el("div", { class: "tfw-note" }, "");
@@ -46,10 +46,10 @@ function render({ model, el: element }) {
     el("div", { class: "tfw-note" }, "each circle is one plane n of the head: ",
        el("span", { style: `color:${Q_COLOR}` }, "q turned by i·θ_n"), ", ",
        el("span", { style: `color:${K_COLOR}` }, "k turned by j·θ_n"),
-       " (each plane on its own scale)"),
+       " (each plane on its own scale; under it: the turns (j−i)θ_n between the two)"),
     planes,
     el("div", { class: "tfw-row" }, scoreBox,
-       el("div", {}, el("div", { class: "tfw-note" },
+       el("div", { style: "max-width:270px" }, el("div", { class: "tfw-note" },
                         "each plane's term of the score (rows: planes n, fastest on top; columns: offset m)"),
           canvas, planeNote)),
     el("div", { class: "tfw-row" }, "D = ", sizeInput, " base = ", baseInput, " seed = ", seedInput,
@@ -86,7 +86,7 @@ function render({ model, el: element }) {
   }
 
   function drawPlanes(q, k, theta, i, j) {
-    const size = 78, r = 30;
+    const size = 66, r = 27;
     const cells = theta.map((t, n) => {
       // each plane on its own scale (the longer of its two arrows touches the circle)
       const norm = Math.max(1e-9, Math.hypot(q[2 * n], q[2 * n + 1]), Math.hypot(k[2 * n], k[2 * n + 1]));
@@ -104,9 +104,9 @@ function render({ model, el: element }) {
         pic.append(svg("circle", { cx: x.toFixed(2), cy: y.toFixed(2), r: 3, fill: color }));
       }
       const turns = (Math.abs(j - i) * t) / (2 * Math.PI);
-      return el("div", { style: "text-align:center;font-size:11px" }, pic,
+      return el("div", { style: "text-align:center;font-size:10px;width:72px" }, pic,
                 el("div", {}, `n=${n}, θ=${t.toPrecision(2)}`),
-                el("div", { class: "tfw-note" }, `(j−i)θ: ${turns.toFixed(2)} turns`));
+                el("div", { class: "tfw-note", style: "font-size:10px" }, `${turns.toFixed(2)} turns`));
     });
     planes.replaceChildren(...cells);
   }
