@@ -261,7 +261,10 @@ def main() -> None:
     cost = bench_attention_cost()
     results = {
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor()},
+                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
+                    # other processes compete for the CPU when this is well above `threads`;
+                    # the ratios stay fair (interleaved runs), absolute speeds do not
+                    "load_average_1min": os.getloadavg()[0]},
         "gpt_forward_backward": gpt,
         "minilm_sentence_encoding": minilm,
         "attention_cost": cost,

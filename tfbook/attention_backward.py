@@ -47,7 +47,7 @@ class AttentionFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, grad_y: Tensor):
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         q, k, v, a = ctx.saved_tensors
         grad_q, grad_k, grad_v = attention_backward(grad_y, q, k, v, a)
         return grad_q, grad_k, grad_v, None  # no gradient for the mask
@@ -66,7 +66,7 @@ class SelfAttentionFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, grad_y: Tensor):
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None]:
         x, w_q, w_k, w_v, q, k, v, a = ctx.saved_tensors
         grad_q, grad_k, grad_v = attention_backward(grad_y, q, k, v, a)
         x_t = x.transpose(-2, -1)  # (..., C, T)
@@ -95,7 +95,7 @@ class LayerNormFunction(torch.autograd.Function):
         return x_hat * weight + bias
 
     @staticmethod
-    def backward(ctx, grad_y: Tensor):
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         x_hat, r, weight = ctx.saved_tensors
         g = grad_y * weight  # (..., C): gradient with respect to x_hat
         grad_x = r * (
@@ -107,11 +107,15 @@ class LayerNormFunction(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None
 
 
-def attention_manual_backward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None):
+def attention_manual_backward(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+) -> Tensor:
     """Attention output (..., T, Dv) whose gradient comes from the hand-derived backward."""
     return AttentionFunction.apply(q, k, v, mask)
 
 
-def layer_norm_manual_backward(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5):
+def layer_norm_manual_backward(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5
+) -> Tensor:
     """LayerNorm of x (..., C) whose gradient comes from the hand-derived backward."""
     return LayerNormFunction.apply(x, weight, bias, eps)

@@ -69,10 +69,10 @@ class EncoderBlock(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C) -> (B, T, C) and the self-attention weights (B, H, T, T) or None."""
 
-        def self_attention(h: Tensor):
+        def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.attn(h, mask=mask, causal=causal, need_weights=need_weights)
 
-        def feed_forward(h: Tensor):
+        def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
 
         x, weights = residual(x, self_attention, self.norm1, self.dropout1, self.norm_first)
@@ -111,14 +111,14 @@ class DecoderBlock(nn.Module):
         `mask` may hide padded target positions, `memory_mask` padded source positions.
         """
 
-        def self_attention(h: Tensor):
+        def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attn(h, mask=mask, causal=True, need_weights=need_weights)
 
-        def cross_attention(h: Tensor):
+        def cross_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             # queries from the decoder, keys and values from the encoder's output
             return self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
 
-        def feed_forward(h: Tensor):
+        def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
 
         x, self_weights = residual(x, self_attention, self.norm1, self.dropout1, self.norm_first)

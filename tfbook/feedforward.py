@@ -7,6 +7,7 @@ token, never across tokens (that is attention's job). Shape legend: B, T, C, and
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ def gelu_tanh(x: Tensor) -> Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def activation(name: str, fused: bool = False):
+def activation(name: str, fused: bool = False) -> Callable[[Tensor], Tensor]:
     """Look an activation up by name: 'relu', 'gelu' (erf form) or 'gelu_tanh'.
 
     fused=True returns torch's one-kernel version of the same function.
