@@ -67,3 +67,13 @@ def test_too_long_and_bad_ids():
         model(torch.zeros(1, 65, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\[0, 50\).*got values in \[1, 50\]"):
         model(torch.tensor([[1, 50]]), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_without_final_norm_has_no_torch_twin():
+    config = replace(TransformerConfig.tiny(), final_norm=False)
+    model = Transformer(config).eval()
+    assert model.encoder_norm is None
+    assert model(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long)
+                 ).logits.shape == (1, 2, 50)
+    with pytest.raises(ValueError, match="final_norm=True, got False"):
+        torch_transformer(model)
