@@ -60,8 +60,7 @@ class EncoderBlock(nn.Module):
         self.norm1 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
         self.ff = FeedForward(c.d_model, c.d_ff, c.activation, c.dropout, c.bias, c.fused)
         self.norm2 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.dropout1 = nn.Dropout(c.dropout)
-        self.dropout2 = nn.Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)  # on each sub-layer's output (stateless, shared)
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
@@ -75,8 +74,8 @@ class EncoderBlock(nn.Module):
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
 
-        x, weights = residual(x, self_attention, self.norm1, self.dropout1, self.norm_first)
-        x, _ = residual(x, feed_forward, self.norm2, self.dropout2, self.norm_first)
+        x, weights = residual(x, self_attention, self.norm1, self.dropout, self.norm_first)
+        x, _ = residual(x, feed_forward, self.norm2, self.dropout, self.norm_first)
         return x, weights
 
 
@@ -93,9 +92,7 @@ class DecoderBlock(nn.Module):
         self.norm2 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
         self.ff = FeedForward(c.d_model, c.d_ff, c.activation, c.dropout, c.bias, c.fused)
         self.norm3 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.dropout1 = nn.Dropout(c.dropout)
-        self.dropout2 = nn.Dropout(c.dropout)
-        self.dropout3 = nn.Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)  # on each sub-layer's output (stateless, shared)
 
     def forward(
         self,
@@ -121,9 +118,7 @@ class DecoderBlock(nn.Module):
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
 
-        x, self_weights = residual(x, self_attention, self.norm1, self.dropout1, self.norm_first)
-        x, cross_weights = residual(
-            x, cross_attention, self.norm2, self.dropout2, self.norm_first
-        )
-        x, _ = residual(x, feed_forward, self.norm3, self.dropout3, self.norm_first)
+        x, self_weights = residual(x, self_attention, self.norm1, self.dropout, self.norm_first)
+        x, cross_weights = residual(x, cross_attention, self.norm2, self.dropout, self.norm_first)
+        x, _ = residual(x, feed_forward, self.norm3, self.dropout, self.norm_first)
         return x, self_weights, cross_weights
