@@ -130,3 +130,20 @@ def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -
     path = folder / name
     path.write_text(page, encoding="utf-8")
     return path
+
+
+@contextmanager
+def static_widget(browser, widget, assets: Path, folder: Path, name: str = "widget.html"):
+    """Open `widget` from its saved state in a new page (as `widget_page` writes it), served
+    from `folder`; yields (page, the widget's root element, the PageLog). Closes the page."""
+    page_file = widget_page(widget, assets, folder, name)
+    with serve(folder) as base_url:
+        page = browser.new_page()
+        log = watch(page, base_url)
+        page.goto(base_url + page_file.name)
+        root = page.locator(".tfw").first
+        root.wait_for(timeout=30000)
+        try:
+            yield page, root, log
+        finally:
+            page.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch, widget_page
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
 from tests.conftest import ASSETS
 from tfbook.corpus import stdlib_corpus
 from tfbook.tokenizers import GPT4_SPLIT_PATTERN, BPETokenizer, regex_split
@@ -122,13 +122,7 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
     text = TEXT[:6000] + (" " + HOSTILE) * 200
     sample = "We merge " + HOSTILE + " and “quotes” too."
     w = BPEMergesWidget(text, vocab_size=256 + 40, sample=sample, step=0)
-    page_file = widget_page(w, ASSETS, tmp_path)
-    with serve(tmp_path) as base_url:
-        page = browser.new_page()
-        log = watch(page, base_url)
-        page.goto(base_url + page_file.name)
-        root = page.locator(".tfw").first
-        root.wait_for(timeout=30000)
+    with static_widget(browser, w, ASSETS, tmp_path) as (page, root, log):
         ids_shown = "(r) => [...r.querySelectorAll('.tfw-tokenline [data-id]')].map((s) => +s.dataset.id)"  # noqa: E501
         assert root.evaluate(ids_shown) == list(sample.encode())  # step 0: the bytes
 
@@ -154,6 +148,5 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
         assert root.locator("img").count() == 0
         assert "static page" in root.inner_text()
         assert root.get_by_role("button", name="retrain in Python").is_disabled()
-        page.close()
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch, widget_page
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
 from tests.conftest import ASSETS
 from tfbook.corpus import stdlib_corpus, stress_lines
 from tfbook.tokenizers import BPETokenizer, load_gpt2, load_minilm_wordpiece
@@ -105,15 +105,9 @@ def test_in_the_browser_without_kernel(browser, small: BPETokenizer, tmp_path: P
     the overlapping tokens of the other row, and token text never becomes HTML."""
     lines = ["plain words here", "say " + HOSTILE, stress_lines()[6]]
     view = TokenView({"small": small, "GPT-2": load_gpt2()}, lines)
-    page_file = widget_page(view, ASSETS, tmp_path)
-    with serve(tmp_path) as base_url:
-        page = browser.new_page()
-        log = watch(page, base_url)
-        page.goto(base_url + page_file.name)
-        root = page.locator(".tfw").first
-        root.wait_for(timeout=30000)
+    with static_widget(browser, view, ASSETS, tmp_path) as (page, root, log):
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
-        root.locator("input[type=range]").focus()
+        root.locator("input[type=range]").first.focus()
         page.keyboard.press("ArrowRight")  # to the hostile example
         page.wait_for_timeout(100)
         assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
@@ -129,11 +123,27 @@ def test_in_the_browser_without_kernel(browser, small: BPETokenizer, tmp_path: P
         assert details.inner_text() != hint and "GPT-2: token 1 of" in details.inner_text()
         assert root.locator(".tfw-hot").count() >= 2
 
-        root.locator("input[type=range]").focus()
+        root.locator("input[type=range]").first.focus()
         page.keyboard.press("End")  # the emoji line: pieces of characters shown as hex
         assert root.locator(".tfw-partial").count() > 0
         assert "static page" in root.inner_text()
         assert root.get_by_role("button", name="tokenize in Python").is_disabled()
-        page.close()
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_one_example_the_keyboard_walks_the_tokens(browser, small: BPETokenizer,
+                                                   tmp_path: Path) -> None:
+    """With a single example there is no example slider: the first range input walks
+    through the tokens, so the keyboard alone reaches every token's details."""
+    view = TokenView({"small": small, "GPT-2": load_gpt2()}, "one example only")
+    with static_widget(browser, view, ASSETS, tmp_path, "one.html") as (page, root, log):
+        first = root.locator("input[type=range]").first
+        assert root.locator("input[type=range]").count() == 1
+        assert first.get_attribute("aria-label") == "token of the first row"
+        first.focus()
+        page.keyboard.press("ArrowRight")
+        second = small.encode("one example only")[1]
+        assert f"small: token 2 of {len(small.encode('one example only'))}, id {second}" in (
+            root.locator(".tfw-details").inner_text())
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log

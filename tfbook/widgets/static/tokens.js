@@ -1,22 +1,27 @@
 // Token-boundary view: one row of coloured tokens per tokenizer, for the example picked with
-// the slider. Hovering a token shows its id, text and bytes in the details panel and, when
-// the tokenizers cut the same bytes (byte-level BPE), outlines the tokens of the other rows
-// that cover any of its bytes. Each token is [id, text or null, hex bytes, start, end, special].
+// the example slider (shown when there are several examples). Hovering a token, or walking
+// through the first row's tokens with the token slider (keyboard), shows its id, text and
+// bytes in the details panel and, when the tokenizers cut the same bytes (byte-level BPE),
+// outlines the tokens of the other rows that cover any of its bytes.
+// Each token is [id, text or null, hex bytes, start byte, end byte, is special].
 
 function render({ model, el: element }) {
   const node = tokenRoot(element, "tfw-tokens");
-  const pick = slider({ label: "example", min: 0, max: 1, value: 0, onInput: (v) => select(v) });
+  const pickExample = slider({ label: "example", min: 0, max: 1, value: 0,
+                               onInput: (v) => select(v) });
+  const pickToken = slider({ label: "token of the first row", min: 0, max: 1, value: 0,
+                             onInput: (v) => focusToken(0, v) });
+  const controls = el("div", { class: "tfw-row" });
   const textBox = el("div", { class: "tfw-tokenline tfw-note" });
-  const rowsBox = el("div", {
-    style: "display: grid; grid-template-columns: max-content 1fr; gap: 6px 12px; align-items: baseline" });
+  const rowsBox = el("div", { style: "display: grid; grid-template-columns: max-content 1fr; " +
+                                     "gap: 6px 12px; align-items: baseline" });
   const details = el("div", { class: "tfw-details" });
   const input = el("textarea", { rows: 2, cols: 70, "aria-label": "your text" });
   const send = el("button", {}, "tokenize in Python");
   const note = el("span", { class: "tfw-note" }, "");
   const errorBox = el("span", { class: "tfw-note", style: "color:#b00" }, "");
   node.append(
-    el("div", { class: "tfw-row" }, pick.node),
-    textBox, rowsBox, details,
+    controls, textBox, rowsBox, details,
     el("div", { class: "tfw-row" }, input, el("div", {}, send, el("br"), note, errorBox)),
   );
   send.addEventListener("click", () => request(model, { text: input.value }));
@@ -30,8 +35,9 @@ function render({ model, el: element }) {
     model.save_changes();
   }
 
-  const HINT = "Hover a token to see its id and bytes; tokens of the other rows that share " +
-    "its bytes get a red outline.";
+  const HINT = "Hover a token (or move the token slider) to see its id and bytes; tokens of " +
+    "the other rows that share its bytes get a red outline.";
+  let rows = []; // per tokenizer: [{token, span}], for the example shown
 
   function describe(name, position, count, token) {
     const [id, text, hex, start, end, special] = token;
@@ -45,42 +51,45 @@ function render({ model, el: element }) {
     details.textContent = line;
   }
 
+  /** Describe token k of row r and outline it and the tokens of other rows sharing bytes. */
+  function focusToken(r, k) {
+    if (!rows[r] || !rows[r][k]) return;
+    const { token } = rows[r][k];
+    describe(model.get("names")[r], k, rows[r].length, token);
+    rows.forEach((row, r2) => row.forEach(({ token: other, span }, k2) => {
+      const same = r2 === r && k2 === k;
+      const overlaps = r2 !== r && token[3] >= 0 && other[3] >= 0 &&
+        other[3] < token[4] && token[3] < other[4];
+      span.classList.toggle("tfw-hot", same || overlaps);
+    }));
+  }
+
   function draw() {
     const texts = model.get("texts"), names = model.get("names");
     const e = Math.max(0, Math.min(texts.length - 1, model.get("example")));
-    pick.input.max = String(texts.length - 1);
-    pick.set(e);
+    pickExample.input.max = String(texts.length - 1);
+    pickExample.set(e);
+    controls.replaceChildren(...(texts.length > 1 ? [pickExample.node] : []), pickToken.node);
     textBox.textContent = `example ${e + 1} of ${texts.length}: ${showWhitespace(texts[e])}`;
     errorBox.textContent = model.get("error");
-    const rows = model.get("tokens")[e];
     const cells = [];
-    const all = []; // [row, token, span] for outlining overlaps
-    rows.forEach((tokens, r) => {
+    rows = model.get("tokens")[e].map((tokens, r) => {
       cells.push(el("div", { class: "tfw-title" }, `${names[r]} (${tokens.length})`));
       const line = el("div", { class: "tfw-tokenline" });
-      tokens.forEach((token, k) => {
+      cells.push(line);
+      return tokens.map((token, k) => {
         const [id, , hex, , , special] = token;
         const label = bytesLabel(hex ? hex.split(" ").map((h) => parseInt(h, 16)) : []);
         const span = tokenSpan(label.text, k, { valid: label.valid, special });
         span.dataset.id = String(id);
-        span.addEventListener("mouseenter", () => {
-          describe(names[r], k, tokens.length, token);
-          for (const [r2, other, otherSpan] of all) {
-            const overlaps = token[3] >= 0 && other[3] >= 0 && r2 !== r &&
-              other[3] < token[4] && token[3] < other[4];
-            otherSpan.classList.toggle("tfw-hot", overlaps);
-          }
-          span.classList.add("tfw-hot");
-        });
-        span.addEventListener("mouseleave", () => {
-          for (const [, , otherSpan] of all) otherSpan.classList.remove("tfw-hot");
-        });
-        all.push([r, token, span]);
+        span.addEventListener("mouseenter", () => focusToken(r, k));
         line.append(span, el("wbr"));
+        return { token, span };
       });
-      cells.push(line);
     });
     rowsBox.replaceChildren(...cells);
+    pickToken.input.max = String(Math.max(rows[0].length - 1, 0));
+    pickToken.set(0);
     details.textContent = HINT;
   }
 
