@@ -93,7 +93,7 @@ def test_the_front_end_can_retrain() -> None:
 @pytest.mark.parametrize("args, message", [
     ({"text": ""}, "the training text is empty"),
     ({"text": "x" * (MAX_TEXT_CHARS["gpt4"] + 1)}, "trains on at most 200,000"),
-    ({"text": "abc" * 10_000, "pattern": "lines"}, "trains on at most 20,000"),
+    ({"text": "abc" * 10_000, "pattern": "lines"}, "trains on at most 10,000"),
     ({"text": "abc", "vocab_size": 256}, "vocab_size must be between 257 and 1256"),
     ({"text": "abc", "vocab_size": "big"}, "vocab_size must be an int, got 'big'"),
     ({"text": "abc", "pattern": "gpt5"}, "pattern must be one of"),

@@ -29,7 +29,7 @@ LINES_PATTERN = r"[^\n]*\n|[^\n]+"
 # training text each allows: live retraining stays within a few seconds on a laptop.
 PATTERNS: dict[str, str] = {"gpt4": GPT4_SPLIT_PATTERN, "gpt2": GPT2_SPLIT_PATTERN,
                             "lines": LINES_PATTERN}
-MAX_TEXT_CHARS = {"gpt4": 200_000, "gpt2": 200_000, "lines": 20_000}
+MAX_TEXT_CHARS = {"gpt4": 200_000, "gpt2": 200_000, "lines": 10_000}
 MAX_MERGES = 1000  # vocab_size <= 256 + MAX_MERGES
 MAX_SAMPLE_CHARS = 1_500  # the re-segmented sample must fit on screen
 EXAMPLE_CHUNKS = 4  # chunks shown per merge: the most frequent ones that held the pair

@@ -37,7 +37,7 @@ function render({ model, el: element }) {
   const patternInput = el("select", { "aria-label": "pre-split pattern" },
     el("option", { value: "gpt4" }, "GPT-4 pre-split"),
     el("option", { value: "gpt2" }, "GPT-2 pre-split"),
-    el("option", { value: "lines" }, "lines only (<= 20,000 chars)"));
+    el("option", { value: "lines" }, "lines only (<= 10,000 chars)"));
   const train = el("button", {}, "retrain in Python");
   const note = el("span", { class: "tfw-note" }, "");
   const errorBox = el("span", { class: "tfw-note", style: "color:#b00" }, "");
