@@ -233,9 +233,12 @@ def measure_peak_memory(method: str, T_: int) -> float:
 def bench_attention_cost() -> dict:
     """CPU time and peak memory of one causal attention call (B=1, H=6, D=64) vs T.
 
-    CPU time rather than wall-clock time: a single call is short, and on a shared machine its
-    wall-clock time measures the other processes as much as the attention.
+    CPU time of one thread rather than wall-clock time: a single call is short, and on a
+    shared machine its wall-clock time measures the other processes as much as the attention
+    (and idle worker threads spin, which inflates multi-threaded CPU time).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     rows = []
     for T_ in (128, 256, 512, 1024, 2048):
         inputs = attention_inputs(T_)
@@ -258,7 +261,8 @@ def bench_attention_cost() -> dict:
     xs = torch.log(torch.tensor([r["T"] for r in big], dtype=torch.float64))
     ys = torch.log(torch.tensor([r["manual_cpu_ms"] for r in big], dtype=torch.float64))
     slope = (((xs - xs.mean()) * (ys - ys.mean())).sum() / ((xs - xs.mean()) ** 2).sum()).item()
-    return {"rows": rows, "manual_time_exponent": slope}
+    torch.set_num_threads(threads)
+    return {"rows": rows, "manual_time_exponent": slope, "threads": 1}
 
 
 def main() -> None:
@@ -294,7 +298,7 @@ def main() -> None:
           f"{minilm['goal']:>7.1f}")
     print(f"  (max |diff|: GPT logits {gpt['max_abs_logit_diff']:.1e}, "
           f"MiniLM embeddings {minilm['max_abs_embedding_diff']:.1e})")
-    print("\nattention, B=1 H=6 D=64, causal (CPU ms = CPU time summed over threads)")
+    print("\nattention, B=1 H=6 D=64, causal, one thread, CPU ms")
     print(f"{'T':>6}{'manual ms':>11}{'fused ms':>10}{'speedup':>9}"
           f"{'manual MB':>11}{'fused MB':>10}{'weights MB':>12}")
     for r in cost["rows"]:
