@@ -7,6 +7,9 @@
     paths: {
       anywidget: here + "anywidget/index",
       "@jupyter-widgets/html-manager/dist": here + "html-manager",
+      // webpack places the icon fonts next to the module that asked for them: any other
+      // @jupyter-widgets/* module id must also resolve to the folder that holds them
+      "@jupyter-widgets": here + "html-manager",
     },
   });
 })();

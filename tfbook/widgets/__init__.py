@@ -6,6 +6,17 @@ book without a kernel, and asks Python for new data when a kernel is there.
 
 from tfbook.widgets.attention import AttentionExample, AttentionMap
 from tfbook.widgets.base import Widget
+from tfbook.widgets.bpe import BPEMergesWidget
 from tfbook.widgets.positions import PositionalEncodingExplorer
+from tfbook.widgets.rope import RopeExplorer
+from tfbook.widgets.tokens import TokenView
 
-__all__ = ["AttentionExample", "AttentionMap", "PositionalEncodingExplorer", "Widget"]
+__all__ = [
+    "AttentionExample",
+    "AttentionMap",
+    "BPEMergesWidget",
+    "PositionalEncodingExplorer",
+    "RopeExplorer",
+    "TokenView",
+    "Widget",
+]
