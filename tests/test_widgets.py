@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch, widget_page
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
 from tests.conftest import ASSETS
 from tfbook.positional import sinusoidal_encoding
 from tfbook.widgets import PositionalEncodingExplorer
@@ -65,14 +65,8 @@ def test_every_widget_script_is_shipped_and_bundled_with_the_helpers() -> None:
 def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
     """Static page: the widget renders, responds to the keyboard, and shows tokens as text."""
     labels = ["The", " cat", HOSTILE, " sat"]
-    page_file = widget_page(PositionalEncodingExplorer(labels=labels, d_model=16, position=1),
-                            ASSETS, tmp_path)
-    with serve(tmp_path) as base_url:
-        page = browser.new_page()
-        log = watch(page, base_url)
-        page.goto(base_url + page_file.name)
-        root = page.locator(".tfw").first
-        root.wait_for(timeout=30000)
+    widget = PositionalEncodingExplorer(labels=labels, d_model=16, position=1)
+    with static_widget(browser, widget, ASSETS, tmp_path) as (page, root, log):
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
         root.locator("input[type=range]").focus()
         page.keyboard.press("ArrowRight")  # to position 2, the hostile label
@@ -83,6 +77,5 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
         assert root.locator("img").count() == 0  # and never parsed as HTML
         assert "static page" in root.inner_text()  # no kernel: live controls are off
         assert root.locator("button").is_disabled()
-        page.close()
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch, widget_page
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
 from tests.conftest import ASSETS
 from tfbook.rope import apply_rope, rope_frequencies
 from tfbook.widgets.base import bundle
@@ -97,13 +97,7 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
                      key_position=3)
     offsets, scores = w.scores()
     expected = dict(zip(offsets.tolist(), scores.tolist(), strict=True))
-    page_file = widget_page(w, ASSETS, tmp_path)
-    with serve(tmp_path) as base_url:
-        page = browser.new_page()
-        log = watch(page, base_url)
-        page.goto(base_url + page_file.name)
-        root = page.locator(".tfw").first
-        root.wait_for(timeout=30000)
+    with static_widget(browser, w, ASSETS, tmp_path) as (page, root, log):
         title = root.locator("div").nth(0)
 
         def offset_and_score() -> tuple[int, float]:
@@ -144,6 +138,5 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
 
         assert "static page" in root.inner_text()  # no kernel: live controls are off
         assert root.locator("button", has_text="recompute").is_disabled()
-        page.close()
     assert not log.dialogs, log.dialogs
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log
