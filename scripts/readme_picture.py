@@ -1,6 +1,7 @@
 """Regenerate docs/chapter.png, the picture in README.md: a rendered chapter with a widget.
 
-Needs a built book (`make book`) and Debian's chromium. Run: .venv/bin/python scripts/readme_picture.py
+Needs a built book (`make book`) and Debian's chromium.
+Run: .venv/bin/python scripts/readme_picture.py
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def main() -> None:
         page.goto(base_url + PAGE)
         widget = page.locator(".tfw").nth(WIDGET_INDEX)
         widget.wait_for(timeout=30000)
-        cell = widget.locator("xpath=ancestor::div[contains(concat(' ', @class, ' '), ' cell ')][1]")
+        cell_xpath = "xpath=ancestor::div[contains(concat(' ', @class, ' '), ' cell ')][1]"
+        cell = widget.locator(cell_xpath)
         cell.evaluate("(node) => node.scrollIntoView({block: 'end'})")
         box = cell.bounding_box()  # viewport coordinates
         page.mouse.move(box["x"] + 60, box["y"] + box["height"] * 0.5)  # hover a row

@@ -27,7 +27,7 @@ COPIES = [
 
 def main() -> int:
     if not NODE.is_dir():
-        print("error: node_modules/ is missing: run `npm ci` first (make does it).", file=sys.stderr)
+        print("error: node_modules/ is missing: run `npm ci` (make does it).", file=sys.stderr)
         return 1
     if OUT.exists():
         shutil.rmtree(OUT)

@@ -1,4 +1,4 @@
-"""A pytest plugin that lets nbval test the book's MyST-markdown chapters, which it cannot read by itself.
+"""A pytest plugin that lets nbval test the book's MyST-markdown chapters.
 
 nbval collects only ``.ipynb`` files and reads them with ``nbformat.read``. The chapters are
 ``book/**/*.md`` jupytext notebooks, so for those we collect an nbval file whose reader is

@@ -44,7 +44,8 @@ def run_pytest(folder: Path) -> subprocess.CompletedProcess:
     """Run pytest on `folder` with only the collector plugin (not the repository's settings)."""
     (folder / "pytest.ini").write_text("[pytest]\n")
     command = [sys.executable, "-m", "pytest", "-p", "tests.nbval_myst", "-p", "no:cacheprovider",
-               "--nbval-lax", "--nbval-current-env", "-v", "--color=no", "--rootdir", str(folder), str(folder)]
+               "--nbval-lax", "--nbval-current-env", "-v", "--color=no",
+               "--rootdir", str(folder), str(folder)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(command, capture_output=True, text=True, cwd=folder, env=env,
                           timeout=300)

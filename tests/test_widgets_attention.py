@@ -32,7 +32,8 @@ def test_maps_are_stored_as_quantised_bytes_in_order() -> None:
 
 def test_cross_attention_and_lower_rank_weights() -> None:
     m = AttentionMap([AttentionExample("self", ["a", "b"], random_weights(2, 2)),
-                      AttentionExample("cross", ["a", "b"], random_weights(4, 2, 3), ["x", "y", "z"])])
+                      AttentionExample("cross", ["a", "b"], random_weights(4, 2, 3),
+                                       ["x", "y", "z"])])
     assert [e["shape"] for e in m.examples] == [[1, 1, 2, 2], [1, 4, 2, 3]]
     assert m.examples[1]["cross"] and m.examples[1]["keys"] == ["x", "y", "z"]
     assert m.offsets == [0, 4]
