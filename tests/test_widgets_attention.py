@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch, widget_page
+from tests.browser import WIDGET_SNAPSHOT_JS, serve, static_widget, watch, widget_page
 from tests.conftest import ASSETS
 from tfbook.widgets.attention import AttentionExample, AttentionMap
 
@@ -99,4 +99,20 @@ def test_static_page_interactions_safe_text_and_speed(browser, tmp_path: Path) -
         page.close()
     assert key_seconds < 2.0, f"a head change took {key_seconds:.2f} s at 128 tokens"
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_one_layer_shows_no_layer_slider(browser, tmp_path: Path) -> None:
+    """Sliders only where there is a choice: the keyboard then moves the head."""
+    m = AttentionMap(AttentionExample("one layer", list("abc"), random_weights(1, 2, 3, 3)),
+                     placeholder="type digits")
+    with static_widget(browser, m, ASSETS, tmp_path) as (page, root, log):
+        assert root.locator("input[type=range]").count() == 1
+        assert root.locator("input[type=range]").get_attribute("aria-label") == "head"
+        assert root.locator("input[type=text]").get_attribute("placeholder") == "type digits"
+        before = root.evaluate(WIDGET_SNAPSHOT_JS)
+        root.locator("input[type=range]").focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(50)
+        assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log

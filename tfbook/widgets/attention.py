@@ -59,11 +59,13 @@ class AttentionMap(Widget):
     head = traitlets.Int(0).tag(sync=True)  # selected head
     query = traitlets.Int(0).tag(sync=True)  # selected query token
     can_run = traitlets.Bool(False).tag(sync=True)  # a model is attached for your own text
+    placeholder = traitlets.Unicode("type a sentence").tag(sync=True)  # hint in the text box
 
     def __init__(self, examples: AttentionExample | Sequence[AttentionExample],
                  run: Callable[[str], AttentionExample] | None = None, layer: int = 0,
-                 head: int = 0) -> None:
+                 head: int = 0, placeholder: str = "type a sentence") -> None:
         super().__init__()
+        self.placeholder = placeholder
         if isinstance(examples, AttentionExample):
             examples = [examples]
         if not examples or not all(isinstance(e, AttentionExample) for e in examples):

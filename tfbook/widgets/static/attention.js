@@ -40,11 +40,12 @@ function render({ model, el: element }) {
   const headSlider = slider({ label: "head", min: 0, max: 0, value: 0, onInput: (v) => pick({ head: v }) });
   const big = el("canvas", { "aria-label": "attention map of the selected head" });
   const grid = el("div", { class: "tfw-grid" });
+  const controls = el("div", { class: "tfw-row" });
   const caption = el("div", { class: "tfw-note" });
   const queries = el("div", { class: "tfw-strip" });
   const strip = el("div", { class: "tfw-strip" });
-  const textInput = el("input", { type: "text", size: 50, "aria-label": "your sentence",
-                                   placeholder: "type a sentence" });
+  const textInput = el("input", { type: "text", size: 50, "aria-label": "your input",
+                                   placeholder: model.get("placeholder") });
   const run = el("button", {}, "run the model");
   const note = el("span", { class: "tfw-note" });
   const errorBox = el("span", { class: "tfw-note", style: "color:#b00" });
@@ -57,7 +58,7 @@ function render({ model, el: element }) {
       .tfw-strip .tfw-token { display: inline-block; border: 1px solid #ddd; margin: 1px;
         cursor: pointer; }
       .tfw-strip .tfw-token.selected { outline: 2px solid #d62728; }`),
-    el("div", { class: "tfw-row" }, picker, layerSlider.node, headSlider.node),
+    controls,
     el("div", { class: "tfw-row" }, el("div", {}, big, caption), grid),
     el("div", { class: "tfw-note" }, "query tokens (click one):"), queries,
     el("div", { class: "tfw-note" }, "attention of the selected query over the keys:"), strip,
@@ -150,6 +151,9 @@ function render({ model, el: element }) {
     picker.replaceChildren(...examples.map((x, i) => el("option", { value: i }, x.name)));
     picker.value = String(c.e);
     picker.style.display = examples.length > 1 ? "" : "none";
+    // a slider only where there is a choice (one layer: no layer slider)
+    controls.replaceChildren(picker, ...(c.L > 1 ? [layerSlider.node] : []),
+                             ...(c.H > 1 ? [headSlider.node] : []));
     layerSlider.input.max = String(c.L - 1);
     headSlider.input.max = String(c.H - 1);
     layerSlider.set(c.layer);
