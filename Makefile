@@ -59,7 +59,8 @@ test: setup vendor
 	$(BIN)/python -m pytest
 
 lab: setup
-	$(BIN)/jupyter lab --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR)/book
+	$(BIN)/jupyter lab --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR)/book \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
