@@ -19,12 +19,22 @@ def test_corpus_size_and_cut():
     assert stdlib_corpus(10**9) == text
 
 
-def test_corpus_is_identical_in_a_fresh_interpreter():
-    code = ("import hashlib; from tfbook.corpus import stdlib_corpus; "
+def corpus_hash_in_fresh_interpreter(first_import: str = "") -> str:
+    code = (f"{first_import}import hashlib; from tfbook.corpus import stdlib_corpus; "
             "print(hashlib.sha256(stdlib_corpus().encode()).hexdigest())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == hashlib.sha256(stdlib_corpus().encode()).hexdigest()
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_corpus_is_identical_in_a_fresh_interpreter():
+    assert corpus_hash_in_fresh_interpreter() == hashlib.sha256(
+        stdlib_corpus().encode()).hexdigest()
+
+
+def test_corpus_ignores_libraries_that_patch_the_standard_library():
+    # importing torch.package replaces inspect.getfile with its own function
+    assert corpus_hash_in_fresh_interpreter("import torch.package; ") == (
+        corpus_hash_in_fresh_interpreter())
 
 
 def test_bad_max_bytes():

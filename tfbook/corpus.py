@@ -7,9 +7,11 @@ list of standard-library modules, in a fixed order, so the text is the same on e
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
+import types
 import warnings
 
 # Modules whose docstrings join the corpus, in this order. Chosen for plain English prose,
@@ -29,12 +31,36 @@ CORPUS_MODULES: tuple[str, ...] = (
 )
 
 
+def _source_docstrings(module: types.ModuleType) -> dict[str, str]:
+    """Docstrings of the functions and classes defined at the top of a module's source file."""
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return {}  # a module written in C has no source to read
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {node.name: ast.get_docstring(node, clean=False) or ""
+            for node in tree.body if isinstance(node, defs)}
+
+
 def _module_docstrings(name: str) -> list[str]:
-    """Docstrings of one module: the module, then its classes/functions and their methods."""
+    """Docstrings of one module: the module, then its classes/functions and their methods.
+
+    Some libraries replace standard functions at run time (importing `torch.package` swaps
+    `inspect.getfile` for its own). Such a function is read from the module's source, so
+    the corpus does not depend on what else the process has imported.
+    """
     module = importlib.import_module(name)
+    replaced = _source_docstrings(module)
     docs = [module.__doc__ or ""]
     for attr, obj in sorted(vars(module).items()):
-        if attr.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+        if attr.startswith("_"):
+            continue
+        if getattr(obj, "__module__", None) != module.__name__:
+            # a Python function defined in this source but swapped by another library (C
+            # accelerators, e.g. heapq's from _heapq, are builtins and stay out, as always)
+            if attr in replaced and inspect.isfunction(obj):
+                docs.append(replaced[attr])
             continue
         if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
             docs.append(obj.__doc__ or "")
