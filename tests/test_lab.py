@@ -69,7 +69,8 @@ def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab_url: str) -> 
     recompute = widget.locator("button", has_text="recompute")
     page.wait_for_function("(b) => !b.disabled", arg=recompute.element_handle(), timeout=30000)
     title = widget.locator("div").first
-    assert "x 64 dimensions" in title.inner_text()
+    page.wait_for_function("(t) => t.textContent.includes('x 64 dimensions')",
+                           arg=title.element_handle(), timeout=30000)
     widget.locator("input[aria-label=d_model]").fill("16")
     recompute.click()
     page.wait_for_function("(t) => t.textContent.includes('x 16 dimensions')",

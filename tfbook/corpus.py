@@ -46,8 +46,9 @@ def _source_docstrings(module: types.ModuleType) -> dict[str, str]:
 def _module_docstrings(name: str) -> list[str]:
     """Docstrings of one module: the module, then its classes/functions and their methods.
 
-    Some libraries replace standard functions at run time (importing `torch.package` swaps
-    `inspect.getfile` for its own). Such a function is read from the module's source, so
+    Some libraries change the standard library at run time: importing `torch.package` swaps
+    `inspect.getfile` for its own, importing `transformers` adds methods to `logging.Logger`.
+    A swapped function is read from the module's source and an added method is left out, so
     the corpus does not depend on what else the process has imported.
     """
     module = importlib.import_module(name)
@@ -65,9 +66,12 @@ def _module_docstrings(name: str) -> list[str]:
         if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
             docs.append(obj.__doc__ or "")
         if inspect.isclass(obj):
-            for method in sorted(vars(obj)):
-                if not method.startswith("_"):
-                    docs.append(getattr(vars(obj)[method], "__doc__", None) or "")
+            for method, member in sorted(vars(obj).items()):
+                # skip methods other libraries attach to stdlib classes at run time
+                # (transformers adds `warning_once` and others to logging.Logger)
+                owner = getattr(member, "__module__", module.__name__)
+                if not method.startswith("_") and owner == module.__name__:
+                    docs.append(getattr(member, "__doc__", None) or "")
     return [inspect.cleandoc(d) for d in docs if isinstance(d, str) and d.strip()]
 
 
