@@ -138,7 +138,7 @@ def test_bad_inputs_name_expected_and_given():
         mha(x, mask=torch.ones(T, S, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"T=7, S=7\), got shape \(7, 5\)"):
         mha(x, mask=torch.ones(T, S, dtype=torch.bool), need_weights=False)
-    with pytest.raises(ValueError, match=r"expected x \(B, T, 32\).*got \(3, 7, 16\)"):
+    with pytest.raises(ValueError, match=r"expected x of shape \(B, T, 32\), got \(3, 7, 16\)"):
         mha(torch.randn(B, T, 16))
     q, k, v = qkv()
     with pytest.raises(ValueError, match="matching D and S"):

@@ -11,7 +11,7 @@ from tfbook.attention_backward import (
     attention_manual_backward,
     layer_norm_manual_backward,
 )
-from tfbook.layernorm import layer_norm
+from tfbook.normalization import layer_norm
 from tfbook.masks import causal_mask, combine_masks, padding_mask
 
 B, H, T, S, D, C = 2, 3, 5, 4, 6, 8

@@ -35,8 +35,13 @@ def test_mlm_head_is_tied_and_shaped():
     torch.manual_seed(0)
     mlm = BertForMaskedLM(BertConfig.tiny()).eval()
     assert mlm.mlm_head.token_embedding.weight is mlm.bert.embeddings.token.weight
-    logits = mlm(torch.randint(0, 100, (2, 7)))
-    assert logits.shape == (2, 7, 100)
+    ids = torch.randint(0, 100, (2, 7))
+    labels = torch.full_like(ids, -100)
+    labels[0, 3] = 42
+    out = mlm(ids, labels=labels)
+    assert out.logits.shape == (2, 7, 100)
+    # the loss is the cross-entropy at the one labelled position only
+    assert torch.allclose(out.loss, -torch.log_softmax(out.logits[0, 3], -1)[42])
 
 
 def test_bad_input(model):

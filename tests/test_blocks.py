@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tfbook.blocks import BlockConfig, DecoderBlock, EncoderBlock
+from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock
 from tfbook.masks import causal_mask, padding_mask
 from tfbook.torch_reference import torch_decoder_layer, torch_encoder_layer
 
@@ -24,7 +24,7 @@ def config(norm_first: bool, act: str) -> BlockConfig:
 def test_encoder_block_equals_torch(norm_first, act):
     torch.manual_seed(0)
     c = config(norm_first, act)
-    ours = EncoderBlock(c).eval()
+    ours = SelfAttentionBlock(c).eval()
     ref = torch_encoder_layer(ours, c).eval()
     x = torch.randn(B, T, 32)
     lengths = torch.tensor([6, 4, 2])
@@ -40,7 +40,7 @@ def test_encoder_block_equals_torch(norm_first, act):
 def test_decoder_block_equals_torch(norm_first, act):
     torch.manual_seed(1)
     c = config(norm_first, act)
-    ours = DecoderBlock(c).eval()
+    ours = CrossAttentionBlock(c).eval()
     ref = torch_decoder_layer(ours, c).eval()
     x, memory = torch.randn(B, T, 32), torch.randn(B, S, 32)
     tgt_keep = padding_mask(torch.tensor([6, 5, 3]), T)
@@ -57,7 +57,7 @@ def test_decoder_block_equals_torch(norm_first, act):
 
 def test_dropout_only_in_training():
     c = BlockConfig(d_model=16, n_heads=2, d_ff=32, dropout=0.5)
-    block = EncoderBlock(c)
+    block = SelfAttentionBlock(c)
     x = torch.randn(2, 4, 16)
     block.eval()
     assert torch.equal(block(x)[0], block(x)[0])

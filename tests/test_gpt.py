@@ -60,5 +60,5 @@ def test_bad_input(model):
         model(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\[0, 256\).*got values in \[3, 256\]"):
         model(torch.tensor([[3, 256]]))
-    with pytest.raises(ValueError, match="n_embd=30 is not divisible|d_model=30, n_heads=4"):
-        GPT(replace(GPTConfig.tiny(), n_embd=30))
+    with pytest.raises(ValueError, match="GPTConfig: d_model=30 is not divisible by n_heads=4"):
+        replace(GPTConfig.tiny(), d_model=30)

@@ -93,7 +93,7 @@ def test_checkpoint_with_missing_or_extra_weights_is_refused():
     with pytest.raises(ValueError, match=r"does not expect.*cls\.predictions\.bias"):
         load_hf_bert(extra, config)
     with pytest.raises(ValueError, match=r"does not expect.*encoder\.layer\.5"):
-        load_hf_bert(tensors, replace(config, n_layer=5))
+        load_hf_bert(tensors, replace(config, n_layers=5))
     wrong = dict(tensors)
     wrong["pooler.dense.bias"] = torch.zeros(10)
     with pytest.raises(ValueError, match=r"'pooler.bias': expected shape \(384,\), got \(10,\)"):

@@ -4,9 +4,15 @@
     MultiHead(X_q, X_kv) = Concat(head_1, ..., head_H) W_O,
         head_h = Attention(X_q W_Q^h, X_kv W_K^h, X_kv W_V^h)            (3.2.2)
 
-Shape legend: B batch, T query positions, S key/value positions (S = T for self-attention),
-C model width, H heads, D = C / H head size. Masks are boolean, True = may attend
-(see `tfbook.masks`).
+Grouped-query attention (Ainslie et al. 2023) gives the H query heads only H_kv key/value
+heads, each shared by H / H_kv query heads (H_kv = 1 is multi-query attention, Shazeer 2019):
+fewer keys and values to compute and, above all, to keep in the cache. RoPE (Su et al.)
+rotates q and k inside attention, at their positions; a `KVCache` keeps the keys and values
+of earlier positions while generating.
+
+Shape legend: B batch, T query positions, S key/value positions (S = T for self-attention
+without a cache), C model width, H heads, H_kv key/value heads, D = C / H head size.
+Masks are boolean, True = may attend (see `tfbook.masks`).
 """
 
 import math
@@ -15,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tfbook.cache import LayerCache
 from tfbook.masks import causal_mask, check_mask, combine_masks
+from tfbook.rope import CONVENTIONS, apply_rope
 
 
 def scaled_dot_product_attention(
@@ -47,37 +55,96 @@ def scaled_dot_product_attention(
     return dropped @ v, weights  # (..., T, Dv), (..., T, S)
 
 
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, S, D) -> (B, H_kv * n_rep, S, D): each key/value head serves n_rep query heads.
+
+    Head h of the result is head h // n_rep of x, so query heads 0..n_rep-1 share the first.
+    """
+    if n_rep == 1:
+        return x
+    B, H_kv, S, D = x.size()
+    return x[:, :, None].expand(B, H_kv, n_rep, S, D).reshape(B, H_kv * n_rep, S, D)
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
+    dropout_p: float = 0.0, need_weights: bool = False, fused: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The one place that picks the attention kernel: q (B, H, T, D), k, v (B, H, S, D).
+
+    Our `scaled_dot_product_attention` when the weights are wanted (or `fused` is off), else
+    torch's fused kernel, which computes the same function without keeping the (T, S) weights.
+    `causal` puts the T queries at the last T of the S key positions (as with a cache); the
+    causal mask is built only when it hides something (T > 1).
+    -> out (B, H, T, D) and weights (B, H, T, S) or None.
+    """
+    T, S = q.size(-2), k.size(-2)
+    causal = causal and T > 1  # a single (last) query may see every key: nothing to hide
+    if mask is not None:
+        check_mask(mask, T, S)
+    if fused and not need_weights:
+        if causal and mask is None and S == T:
+            # a plain square causal mask: the kernel's is_causal flag skips masked blocks
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p), None
+    full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
+    out, weights = scaled_dot_product_attention(q, k, v, full, dropout_p)
+    return out, (weights if need_weights else None)
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate query and key/value sources (Vaswani et al., 3.2.2).
+    """Multi-head attention, self or cross, with grouped key/value heads, RoPE and a cache.
 
     `forward(x)` is self-attention; `forward(x, source)` is cross-attention, where the
     queries come from `x` (B, T, C) and the keys and values from `source` (B, S, C).
+    The same module serves the encoder (BERT), the decoder (GPT, Llama-style models) and both
+    attentions of the encoder-decoder (Vaswani et al. 3.2.2; Ainslie et al. 2023).
     """
 
     def __init__(
         self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-        fused: bool = False,
+        fused: bool = False, n_kv_heads: int | None = None, rope_base: float | None = None,
+        rope_convention: str = "interleaved",
     ) -> None:
         super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if d_model % n_heads != 0:
             raise ValueError(
                 f"d_model must be divisible by n_heads, got d_model={d_model}, n_heads={n_heads}"
             )
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads must be a multiple of n_kv_heads, got n_heads={n_heads}, "
+                f"n_kv_heads={n_kv_heads}"
+            )
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
+        if rope_convention not in CONVENTIONS:
+            raise ValueError(f"rope_convention must be one of {CONVENTIONS}, got {rope_convention!r}")
         self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
         self.head_size = d_model // n_heads
         self.dropout = dropout
         # fused=True lets forward() call torch's fused kernel when the weights are not asked
         # for; it computes the same function (the tests check), only faster and leaner.
         self.fused = fused
+        self.rope_base = rope_base  # None: no rotation (positions were added to the input)
+        self.rope_convention = rope_convention
+        kv_width = n_kv_heads * self.head_size
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # H_kv heads, not H
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
 
-    def split_heads(self, x: Tensor) -> Tensor:
-        """(B, T, C) -> (B, H, T, D): each head gets its own D-wide slice of the features."""
-        B, T, C = x.size()
-        return x.view(B, T, self.n_heads, self.head_size).transpose(1, 2)  # (B, H, T, D)
+    def split_heads(self, x: Tensor, n_heads: int | None = None) -> Tensor:
+        """(B, T, n_heads * D) -> (B, n_heads, T, D): each head gets its own D-wide slice."""
+        B, T, _ = x.size()
+        n_heads = self.n_heads if n_heads is None else n_heads
+        return x.view(B, T, n_heads, self.head_size).transpose(1, 2)  # (B, H, T, D)
 
     def forward(
         self,
@@ -85,40 +152,53 @@ class MultiHeadAttention(nn.Module):
         source: Tensor | None = None,
         mask: Tensor | None = None,
         causal: bool = False,
+        positions: Tensor | None = None,
+        cache: LayerCache | None = None,
         need_weights: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, C) to source (B, S, C), or to x itself; -> (B, T, C), (B, H, T, S).
 
-        `mask` is boolean (True = may attend) and broadcasts to (B, H, T, S); `causal=True`
-        adds the causal mask. The weights are None when `need_weights=False`.
+        `mask` is boolean (True = may attend) and broadcasts to (B, H, T, S_total); `causal=True`
+        adds the causal mask. `positions` (T,) or (B, T) are the index of each query (RoPE);
+        they default to the cache's length onwards. With a `cache`, self-attention appends
+        this step's keys and values and attends to all stored ones; cross-attention computes
+        the source's keys and values once and reuses them. The weights are None when
+        `need_weights=False`.
         """
-        source = x if source is None else source
-        B, T, C = x.size()
-        S = source.size(1)
-        if C != self.n_heads * self.head_size or source.size(-1) != C:
+        if x.dim() != 3 or x.size(-1) != self.n_heads * self.head_size:
             raise ValueError(
-                f"expected x (B, T, {self.n_heads * self.head_size}) and source (B, S, "
-                f"{self.n_heads * self.head_size}), got {tuple(x.shape)} and {tuple(source.shape)}"
+                f"expected x of shape (B, T, {self.n_heads * self.head_size}), "
+                f"got {tuple(x.shape)}"
             )
+        B, T, C = x.size()
         q = self.split_heads(self.q_proj(x))  # (B, H, T, D)
-        k = self.split_heads(self.k_proj(source))  # (B, H, S, D)
-        v = self.split_heads(self.v_proj(source))  # (B, H, S, D)
-        p = self.dropout if self.training else 0.0
-
-        full = combine_masks(causal_mask(T, S, x.device) if causal else None, mask)
-        if self.fused and not need_weights:
-            if mask is not None:
-                check_mask(mask, T, S)
-            # for a plain square causal mask the kernel's is_causal flag can skip masked blocks
-            only_causal = causal and mask is None and S == T
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=None if only_causal else full, dropout_p=p,
-                is_causal=only_causal,
-            )  # (B, H, T, D)
-            weights = None
+        if source is None:  # self-attention: this step's keys and values, then the cache's
+            k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
+            v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
+            if self.rope_base is not None:
+                if positions is None:
+                    start = 0 if cache is None else cache.length
+                    positions = torch.arange(start, start + T, device=x.device)  # (T,)
+                q = apply_rope(q, positions, self.rope_base, self.rope_convention)
+                k = apply_rope(k, positions, self.rope_base, self.rope_convention)
+            if cache is not None:
+                k, v = cache.update(k, v)  # (B, H_kv, S, D): every position so far
+        elif cache is not None and cache.cross is not None:
+            k, v = cache.cross  # the source's keys and values, computed at the first step
         else:
-            y, weights = scaled_dot_product_attention(q, k, v, full, dropout_p=p)
-            # (B, H, T, D), (B, H, T, S)
-
+            if source.dim() != 3 or source.size(0) != B or source.size(-1) != C:
+                raise ValueError(
+                    f"expected source of shape ({B}, S, {C}) for x of shape {tuple(x.shape)}, "
+                    f"got {tuple(source.shape)}"
+                )
+            k = self.split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, S, D)
+            v = self.split_heads(self.v_proj(source), self.n_kv_heads)  # (B, H_kv, S, D)
+            if cache is not None:
+                cache.cross = (k, v)
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D): shared across groups
+        p = self.dropout if self.training else 0.0
+        y, weights = attend(q, k, v, mask, causal, p, need_weights, self.fused)
+        # y (B, H, T, D); weights (B, H, T, S) or None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, H, D) -> (B, T, C): concat
-        return self.out_proj(y), (weights if need_weights else None)
+        return self.out_proj(y), weights

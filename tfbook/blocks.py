@@ -1,10 +1,21 @@
-"""Encoder and decoder blocks: attention and FFN sub-layers around a residual stream.
+"""Transformer blocks: attention and feed-forward sub-layers around a residual stream.
 
-Post-LN (Vaswani et al. 2017, BERT):  x = LN(x + Sublayer(x))
-Pre-LN  (GPT-2, most models since):   x = x + Sublayer(LN(x))
+Post-LN (Vaswani et al. 2017, BERT):  x = Norm(x + Sublayer(x))
+Pre-LN  (GPT-2, Llama, most models since):   x = x + Sublayer(Norm(x))
 
 Pre-LN leaves the residual stream untouched by normalisation, so the gradient reaches early
 layers through a plain sum; deep post-LN stacks need learning-rate warmup to train (seed 003).
+
+Two blocks serve every model of the book, chosen by configuration, not by subclassing:
+
+- `SelfAttentionBlock`: self-attention then FFN. BERT's encoder (bidirectional), GPT's and
+  Llama's decoder (causal=True), the encoder of the encoder-decoder.
+- `CrossAttentionBlock`: causal self-attention, cross-attention to a source, then FFN: the
+  decoder of the encoder-decoder.
+
+`BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
+key/value heads (grouped-query attention) and RoPE inside attention (its base and pair
+convention); a Llama-style decoder is a GPT with another `BlockConfig`.
 Shape legend: B batch, T target sequence, S source sequence, C model width.
 """
 
@@ -14,25 +25,75 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from tfbook.attention import MultiHeadAttention
-from tfbook.feedforward import FeedForward
-from tfbook.layernorm import LayerNorm
+from tfbook.cache import LayerCache
+from tfbook.config import check_choice, check_positive, check_probability
+from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
+from tfbook.normalization import NORMS, make_norm
+from tfbook.rope import CONVENTIONS
 
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Hyper-parameters of one encoder or decoder block."""
+    """Hyper-parameters of one block; every model's config builds one (`block_config()`)."""
 
     d_model: int = 512  # C, width of the residual stream
-    n_heads: int = 8  # H, attention heads; D = C / H
+    n_heads: int = 8  # H, attention (query) heads; D = C / H
     d_ff: int = 2048  # F, hidden width of the feed-forward network
     dropout: float = 0.1  # on attention weights, FFN hidden units and sub-layer outputs
-    activation: str = "relu"  # "relu", "gelu" (erf form) or "gelu_tanh"
-    norm_first: bool = False  # False: post-LN (Vaswani, BERT); True: pre-LN (GPT-2)
-    layer_norm_eps: float = 1e-5  # added to the variance inside LayerNorm
+    activation: str = "relu"  # "relu", "gelu" (erf form), "gelu_tanh" or "silu"
+    norm_first: bool = False  # False: post-LN (Vaswani, BERT); True: pre-LN (GPT-2, Llama)
+    norm_eps: float = 1e-5  # added to the variance (or mean square) inside the norm
     bias: bool = True  # biases in the linear layers
     # torch's fused kernels for attention (when its weights are not asked for), LayerNorm
     # and the activation: the same maths, tested equal, just faster; False runs our own code
     fused: bool = True
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
+    ffn: str = "mlp"  # "mlp" (act(x W1) W2) or "swiglu" (gated, three matrices)
+    n_kv_heads: int | None = None  # H_kv key/value heads; None = H (plain multi-head)
+    rope_base: float | None = None  # RoPE inside attention with this base; None = no RoPE
+    rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
+
+    def __post_init__(self) -> None:
+        check_positive(self, "d_model", "n_heads", "d_ff")
+        if self.n_kv_heads is not None:
+            check_positive(self, "n_kv_heads")
+        check_probability(self, "dropout")
+        check_choice(self, "activation", ACTIVATIONS)
+        check_choice(self, "norm", NORMS)
+        check_choice(self, "ffn", FFNS)
+        check_choice(self, "rope_convention", CONVENTIONS)
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"BlockConfig: d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"BlockConfig: n_heads={self.n_heads} is not a multiple of "
+                f"n_kv_heads={self.n_kv_heads}"
+            )
+        if self.rope_base is not None and (self.rope_base <= 1.0 or (self.d_model // self.n_heads) % 2):
+            raise ValueError(
+                f"BlockConfig: RoPE needs rope_base > 1 and an even head size, got rope_base="
+                f"{self.rope_base} and head size {self.d_model // self.n_heads}"
+            )
+        if self.norm_eps <= 0:
+            raise ValueError(f"BlockConfig: norm_eps must be > 0, got {self.norm_eps}")
+
+    def attention(self) -> MultiHeadAttention:
+        """The attention sub-layer this config describes."""
+        return MultiHeadAttention(
+            self.d_model, self.n_heads, self.dropout, self.bias, self.fused, self.n_kv_heads,
+            self.rope_base, self.rope_convention,
+        )
+
+    def feed_forward(self) -> nn.Module:
+        """The feed-forward sub-layer this config describes."""
+        return make_ffn(self.ffn, self.d_model, self.d_ff, self.activation, self.dropout,
+                        self.bias, self.fused)
+
+    def make_norm(self) -> nn.Module:
+        """One normalisation layer of this config."""
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.fused)
 
 
 SubLayer = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # h -> (output, attention weights)
@@ -49,27 +110,28 @@ def residual(
     return norm(x + dropout(y)), weights  # post-LN: normalise after adding
 
 
-class EncoderBlock(nn.Module):
-    """Self-attention then FFN, each with a residual and a LayerNorm (Vaswani et al., 3.1)."""
+class SelfAttentionBlock(nn.Module):
+    """Self-attention then FFN, each with a residual and a norm (Vaswani et al., 3.1)."""
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
-        c = config
-        self.norm_first = c.norm_first
-        self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, c.bias, c.fused)
-        self.norm1 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.ff = FeedForward(c.d_model, c.d_ff, c.activation, c.dropout, c.bias, c.fused)
-        self.norm2 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.dropout = nn.Dropout(c.dropout)  # on each sub-layer's output (stateless, shared)
+        self.norm_first = config.norm_first
+        self.attn = config.attention()
+        self.norm1 = config.make_norm()
+        self.ff = config.feed_forward()
+        self.norm2 = config.make_norm()
+        self.dropout = nn.Dropout(config.dropout)  # on each sub-layer's output (stateless)
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+        positions: Tensor | None = None, cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, C) -> (B, T, C) and the self-attention weights (B, H, T, T) or None."""
+        """x (B, T, C) -> (B, T, C) and the self-attention weights (B, H, T, S) or None."""
 
         def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            return self.attn(h, mask=mask, causal=causal, need_weights=need_weights)
+            return self.attn(h, mask=mask, causal=causal, positions=positions, cache=cache,
+                             need_weights=need_weights)
 
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
@@ -79,20 +141,19 @@ class EncoderBlock(nn.Module):
         return x, weights
 
 
-class DecoderBlock(nn.Module):
-    """Masked self-attention, cross-attention to the encoder, then FFN (Vaswani et al., 3.1)."""
+class CrossAttentionBlock(nn.Module):
+    """Causal self-attention, cross-attention to a source, then FFN (Vaswani et al., 3.1)."""
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
-        c = config
-        self.norm_first = c.norm_first
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, c.bias, c.fused)
-        self.norm1 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout, c.bias, c.fused)
-        self.norm2 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.ff = FeedForward(c.d_model, c.d_ff, c.activation, c.dropout, c.bias, c.fused)
-        self.norm3 = LayerNorm(c.d_model, c.layer_norm_eps, c.fused)
-        self.dropout = nn.Dropout(c.dropout)  # on each sub-layer's output (stateless, shared)
+        self.norm_first = config.norm_first
+        self.self_attn = config.attention()
+        self.norm1 = config.make_norm()
+        self.cross_attn = config.attention()
+        self.norm2 = config.make_norm()
+        self.ff = config.feed_forward()
+        self.norm3 = config.make_norm()
+        self.dropout = nn.Dropout(config.dropout)  # on each sub-layer's output (stateless)
 
     def forward(
         self,
@@ -100,20 +161,26 @@ class DecoderBlock(nn.Module):
         memory: Tensor,
         mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, C), memory (B, S, C) -> (B, T, C), self (B, H, T, T), cross (B, H, T, S).
 
         The self-attention is always causal (teacher forcing must not peek at the answer);
-        `mask` may hide padded target positions, `memory_mask` padded source positions.
+        `mask` may hide padded target positions, `memory_mask` padded source positions. With
+        a `cache`, the self-attention keys grow by T per call and the cross-attention keys
+        and values of `memory` are computed at the first call only.
         """
 
         def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            return self.self_attn(h, mask=mask, causal=True, need_weights=need_weights)
+            return self.self_attn(h, mask=mask, causal=True, positions=positions, cache=cache,
+                                  need_weights=need_weights)
 
         def cross_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             # queries from the decoder, keys and values from the encoder's output
-            return self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
+            return self.cross_attn(h, memory, mask=memory_mask, cache=cache,
+                                   need_weights=need_weights)
 
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None

@@ -14,10 +14,9 @@ Shape legend: B batch, T sequence, V vocabulary.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-IGNORE_INDEX = -100  # a label that F.cross_entropy skips
+from tfbook.losses import IGNORE_INDEX, cross_entropy
 
 
 def mask_tokens(
@@ -57,5 +56,4 @@ def mask_tokens(
 
 def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     """Mean cross-entropy over the chosen positions only: logits (B, T, V), labels (B, T)."""
-    B, T, V = logits.size()
-    return F.cross_entropy(logits.view(B * T, V), labels.view(B * T), ignore_index=IGNORE_INDEX)
+    return cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)

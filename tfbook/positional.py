@@ -37,6 +37,33 @@ def check_length(T: int, max_len: int) -> None:
         )
 
 
+def check_positions(positions: Tensor | None, x: Tensor, max_len: int) -> Tensor:
+    """The index of every position of x (B, T, C): (T,) or (B, T) integers in [0, max_len).
+
+    None means 0 .. T-1. While generating with a cache, the model passes the true positions
+    (a step at position 517 gets position 517, not 0).
+    """
+    B, T, C = x.size()
+    if positions is None:
+        check_length(T, max_len)
+        return torch.arange(T, device=x.device)  # (T,)
+    if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or (
+        positions.dtype == torch.bool
+    ):
+        raise TypeError(f"positions must be an integer tensor, got {positions!r:.80}")
+    if positions.shape not in ((T,), (B, T)):
+        raise ValueError(
+            f"positions must have shape (T,) = ({T},) or (B, T) = ({B}, {T}), "
+            f"got {tuple(positions.shape)}"
+        )
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= max_len):
+        raise ValueError(
+            f"positions must lie in [0, {max_len}) for a context length of {max_len}, got "
+            f"values in [{int(positions.min())}, {int(positions.max())}]"
+        )
+    return positions
+
+
 class SinusoidalPositionalEncoding(nn.Module):
     """Adds the fixed sinusoidal table to x (Vaswani et al., 3.5); no parameters."""
 
@@ -46,11 +73,10 @@ class SinusoidalPositionalEncoding(nn.Module):
         # a buffer moves with .to(device) but is not trained and not saved in state_dict
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model, base), persistent=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> x + PE[:T] (B, T, C)."""
-        B, T, C = x.size()
-        check_length(T, self.max_len)
-        return x + self.pe[:T]  # (T, C) broadcasts over the batch
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x (B, T, C) -> x + PE[positions] (B, T, C); positions (T,) or (B, T), default 0..T-1."""
+        positions = check_positions(positions, x, self.max_len)
+        return x + self.pe[positions]  # (T, C) or (B, T, C), broadcast over the batch
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -61,8 +87,7 @@ class LearnedPositionalEmbedding(nn.Module):
         self.max_len = max_len
         self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)  # (max_len, C)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, T, C) -> x + P[:T] (B, T, C)."""
-        B, T, C = x.size()
-        check_length(T, self.max_len)
-        return x + self.weight[:T]  # (T, C) broadcasts over the batch
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x (B, T, C) -> x + P[positions] (B, T, C); positions (T,) or (B, T), default 0..T-1."""
+        positions = check_positions(positions, x, self.max_len)
+        return x + self.weight[positions]  # (T, C) or (B, T, C), broadcast over the batch

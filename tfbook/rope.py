@@ -6,8 +6,10 @@ of a query rotated for position i and a key rotated for position j depends only 
 
 Two conventions pair the features into planes differently:
 
-- "interleaved" (the paper, the seed, GPT-J): planes are (x0, x1), (x2, x3), ...
-- "half" (GPT-NeoX, LLaMA): planes are (x0, x_{D/2}), (x1, x_{D/2+1}), ...
+- "interleaved" (the paper, GPT-J, and Meta's LLaMA code, which multiplies adjacent pairs as
+  complex numbers; llama.cpp's GGUF files keep it): planes are (x0, x1), (x2, x3), ...
+- "half" (GPT-NeoX, and the Hugging Face port of LLaMA, which permutes the rows of W_Q and
+  W_K so that the half split rotates the same planes): (x0, x_{D/2}), (x1, x_{D/2+1}), ...
 
 They are the same operation up to a fixed permutation of the features: `to_half_split`
 moves even features to the front half and odd ones to the back half.
@@ -37,17 +39,28 @@ def apply_rope(
     base: float = 10000.0,
     convention: str = "interleaved",
 ) -> Tensor:
-    """Rotate each plane of x (..., T, D) by pos * theta_n; positions default to 0 .. T-1."""
+    """Rotate each plane of x (..., T, D) by pos * theta_n; positions default to 0 .. T-1.
+
+    positions is (T,), the same for every sequence, or (B, T) for x of shape (B, H, T, D)
+    when the sequences of a batch start at different places (left padding, a cache).
+    """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     T, D = x.shape[-2:]
     if positions is None:
         positions = torch.arange(T, device=x.device)
-    if positions.shape != (T,):
-        raise ValueError(f"positions must have shape (T,) = ({T},), got {tuple(positions.shape)}")
-    angles = rope_angles(positions, D, base)  # (T, D/2)
-    cos = torch.cos(angles).to(x.dtype)  # (T, D/2)
-    sin = torch.sin(angles).to(x.dtype)  # (T, D/2)
+    per_row = positions.dim() == 2 and x.dim() == 4 and positions.shape == (x.size(0), T)
+    if positions.shape != (T,) and not per_row:
+        per_row_shape = f" or (B, T) = ({x.size(0)}, {T})" if x.dim() == 4 else ""
+        raise ValueError(
+            f"positions must have shape (T,) = ({T},){per_row_shape}, got "
+            f"{tuple(positions.shape)} for x of shape {tuple(x.shape)}"
+        )
+    angles = rope_angles(positions.reshape(-1), D, base).view(*positions.shape, D // 2)
+    if per_row:
+        angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
+    cos = torch.cos(angles).to(x.dtype)  # (T, D/2) or (B, 1, T, D/2)
+    sin = torch.sin(angles).to(x.dtype)
     if convention == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: first and second coordinate
     else:

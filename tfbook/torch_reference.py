@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from tfbook.attention import MultiHeadAttention
-from tfbook.blocks import BlockConfig, DecoderBlock, EncoderBlock
-from tfbook.layernorm import LayerNorm
+from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock
+from tfbook.normalization import LayerNorm
 from tfbook.models.transformer import Transformer
 
 TORCH_ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}  # torch.nn layers have no tanh GELU
@@ -61,17 +61,24 @@ def layer_kwargs(config: BlockConfig) -> dict:
             f"torch.nn layers support activations {tuple(TORCH_ACTIVATIONS)}, "
             f"got {config.activation!r}"
         )
+    twin_free = {"norm": "layer", "ffn": "mlp", "n_kv_heads": None, "rope_base": None}
+    for field, supported in twin_free.items():
+        if getattr(config, field) != supported:
+            raise ValueError(
+                f"torch.nn's transformer layers have no {field} other than {supported!r}, "
+                f"got {field}={getattr(config, field)!r}"
+            )
     return dict(
         d_model=config.d_model, nhead=config.n_heads, dim_feedforward=config.d_ff,
         dropout=config.dropout, activation=TORCH_ACTIVATIONS[config.activation],
-        layer_norm_eps=config.layer_norm_eps, batch_first=True, norm_first=config.norm_first,
+        layer_norm_eps=config.norm_eps, batch_first=True, norm_first=config.norm_first,
         bias=config.bias,
     )
 
 
 @torch.no_grad()
-def copy_encoder_layer(dst: nn.TransformerEncoderLayer, src: EncoderBlock) -> None:
-    """nn.TransformerEncoderLayer <- tfbook EncoderBlock."""
+def copy_encoder_layer(dst: nn.TransformerEncoderLayer, src: SelfAttentionBlock) -> None:
+    """nn.TransformerEncoderLayer <- tfbook SelfAttentionBlock."""
     copy_attention(dst.self_attn, src.attn)
     copy_linear(dst.linear1, src.ff.fc_in)
     copy_linear(dst.linear2, src.ff.fc_out)
@@ -80,8 +87,8 @@ def copy_encoder_layer(dst: nn.TransformerEncoderLayer, src: EncoderBlock) -> No
 
 
 @torch.no_grad()
-def copy_decoder_layer(dst: nn.TransformerDecoderLayer, src: DecoderBlock) -> None:
-    """nn.TransformerDecoderLayer <- tfbook DecoderBlock."""
+def copy_decoder_layer(dst: nn.TransformerDecoderLayer, src: CrossAttentionBlock) -> None:
+    """nn.TransformerDecoderLayer <- tfbook CrossAttentionBlock."""
     copy_attention(dst.self_attn, src.self_attn)
     copy_attention(dst.multihead_attn, src.cross_attn)
     copy_linear(dst.linear1, src.ff.fc_in)
@@ -91,14 +98,14 @@ def copy_decoder_layer(dst: nn.TransformerDecoderLayer, src: DecoderBlock) -> No
     copy_norm(dst.norm3, src.norm3)
 
 
-def torch_encoder_layer(src: EncoderBlock, config: BlockConfig) -> nn.TransformerEncoderLayer:
+def torch_encoder_layer(src: SelfAttentionBlock, config: BlockConfig) -> nn.TransformerEncoderLayer:
     """The nn.TransformerEncoderLayer equal to `src` (built with `config`)."""
     twin = nn.TransformerEncoderLayer(**layer_kwargs(config))
     copy_encoder_layer(twin, src)
     return twin
 
 
-def torch_decoder_layer(src: DecoderBlock, config: BlockConfig) -> nn.TransformerDecoderLayer:
+def torch_decoder_layer(src: CrossAttentionBlock, config: BlockConfig) -> nn.TransformerDecoderLayer:
     """The nn.TransformerDecoderLayer equal to `src` (built with `config`)."""
     twin = nn.TransformerDecoderLayer(**layer_kwargs(config))
     copy_decoder_layer(twin, src)

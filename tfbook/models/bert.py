@@ -12,11 +12,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tfbook.blocks import BlockConfig, EncoderBlock
+from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.embeddings import TokenEmbedding, check_token_ids
 from tfbook.feedforward import gelu
-from tfbook.layernorm import LayerNorm
+from tfbook.config import check_positive
+from tfbook.losses import cross_entropy
+from tfbook.normalization import LayerNorm
 from tfbook.masks import padding_mask
+from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding
 
 
@@ -25,22 +28,28 @@ class BertConfig:
     """Hyper-parameters of a BERT encoder; presets below, variants via `dataclasses.replace`."""
 
     vocab_size: int = 30522  # V, BERT's uncased WordPiece vocabulary
-    max_position: int = 512  # context length: number of learned position vectors
+    max_len: int = 512  # context length: number of learned position vectors
     type_vocab_size: int = 2  # token types ("segment A / B" for sentence pairs)
-    n_layer: int = 12  # number of encoder blocks
-    n_head: int = 12  # H, attention heads per block
+    n_layers: int = 12  # number of encoder blocks
+    n_heads: int = 12  # H, attention heads per block
     d_model: int = 768  # C, hidden size
     d_ff: int = 3072  # F, FFN hidden size ("intermediate size")
     dropout: float = 0.1  # hidden and attention dropout
-    layer_norm_eps: float = 1e-12  # BERT's (very small) LayerNorm epsilon
+    norm_eps: float = 1e-12  # BERT's (very small) LayerNorm epsilon
     fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
+
+    def __post_init__(self) -> None:
+        check_positive(self, "vocab_size", "max_len", "type_vocab_size", "n_layers")
+        try:
+            self.block_config()
+        except ValueError as error:  # say it in this config's words
+            raise ValueError(str(error).replace("BlockConfig", "BertConfig")) from None
 
     def block_config(self) -> BlockConfig:
         """The per-block settings: post-LN, exact (erf) GELU."""
         return BlockConfig(
-            d_model=self.d_model, n_heads=self.n_head, d_ff=self.d_ff, dropout=self.dropout,
-            activation="gelu", norm_first=False, layer_norm_eps=self.layer_norm_eps,
-            fused=self.fused,
+            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
+            activation="gelu", norm_first=False, norm_eps=self.norm_eps, fused=self.fused,
         )
 
     @classmethod
@@ -51,21 +60,12 @@ class BertConfig:
     @classmethod
     def minilm_l6(cls) -> "BertConfig":
         """all-MiniLM-L6-v2: 6 layers, width 384, 12 heads of size 32."""
-        return cls(n_layer=6, d_model=384, d_ff=1536)
+        return cls(n_layers=6, d_model=384, d_ff=1536)
 
     @classmethod
     def tiny(cls) -> "BertConfig":
         """A toy size for tests."""
-        return cls(vocab_size=100, max_position=32, n_layer=2, n_head=4, d_model=32, d_ff=64)
-
-
-@dataclass
-class BertOutput:
-    """What `Bert.forward` returns."""
-
-    last_hidden_state: Tensor  # (B, T, C), one contextual vector per token
-    pooled: Tensor  # (B, C), tanh(W h_[CLS] + b), for sentence-level classification
-    attentions: list[Tensor]  # per layer (B, H, T, T); empty unless need_weights=True
+        return cls(vocab_size=100, max_len=32, n_layers=2, n_heads=4, d_model=32, d_ff=64)
 
 
 class BertEmbeddings(nn.Module):
@@ -74,9 +74,9 @@ class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.token = TokenEmbedding(config.vocab_size, config.d_model)
-        self.position = LearnedPositionalEmbedding(config.max_position, config.d_model)
+        self.position = LearnedPositionalEmbedding(config.max_len, config.d_model)
         self.token_type = TokenEmbedding(config.type_vocab_size, config.d_model)
-        self.norm = LayerNorm(config.d_model, config.layer_norm_eps, config.fused)
+        self.norm = LayerNorm(config.d_model, config.norm_eps, config.fused)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -96,7 +96,7 @@ class Bert(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.blocks = nn.ModuleList(
-            [EncoderBlock(config.block_config()) for _ in range(config.n_layer)]
+            [SelfAttentionBlock(config.block_config()) for _ in range(config.n_layers)]
         )
         self.pooler = nn.Linear(config.d_model, config.d_model)  # on the [CLS] vector
 
@@ -106,7 +106,7 @@ class Bert(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         need_weights: bool = False,
-    ) -> BertOutput:
+    ) -> ModelOutput:
         """input_ids (B, T); attention_mask (B, T) is 1/True at real tokens, 0/False at padding."""
         check_token_ids(input_ids, self.config.vocab_size)
         B, T = input_ids.size()
@@ -125,7 +125,7 @@ class Bert(nn.Module):
             if need_weights:
                 attentions.append(weights)  # (B, H, T, T)
         pooled = torch.tanh(self.pooler(x[:, 0]))  # (B, C) from the first ([CLS]) token
-        return BertOutput(x, pooled, attentions)
+        return ModelOutput(last_hidden_state=x, pooled=pooled, attentions=attentions)
 
 
 class BertMLMHead(nn.Module):
@@ -134,7 +134,7 @@ class BertMLMHead(nn.Module):
     def __init__(self, config: BertConfig, token_embedding: TokenEmbedding) -> None:
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
-        self.norm = LayerNorm(config.d_model, config.layer_norm_eps, config.fused)
+        self.norm = LayerNorm(config.d_model, config.norm_eps, config.fused)
         self.token_embedding = token_embedding  # shared E: (V, C)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # (V,)
 
@@ -154,8 +154,13 @@ class BertForMaskedLM(nn.Module):
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None,
-        token_type_ids: Tensor | None = None,
-    ) -> Tensor:
-        """input_ids (B, T) -> MLM logits (B, T, V)."""
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        return self.mlm_head(out.last_hidden_state)
+        token_type_ids: Tensor | None = None, labels: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """input_ids (B, T) -> MLM logits (B, T, V); loss on the positions whose label is not
+        IGNORE_INDEX (`tfbook.masked_lm.mask_tokens` makes the labels)."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, need_weights)
+        out.logits = self.mlm_head(out.last_hidden_state)  # (B, T, V)
+        if labels is not None:
+            out.loss = cross_entropy(out.logits, labels)
+        return out

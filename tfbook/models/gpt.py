@@ -1,46 +1,80 @@
-"""A decoder-only transformer, GPT-style (Radford et al. 2018, 2019).
+"""A decoder-only transformer: GPT (Radford et al. 2018, 2019), and Llama-style models as presets.
 
-    token ids -> token + learned position embeddings -> N pre-LN blocks with causal
-    self-attention -> final LayerNorm -> logits = h E^T (output layer tied to the embedding)
+    token ids -> token embedding (+ learned position embeddings) -> N pre-norm blocks with
+    causal self-attention (RoPE inside attention for Llama-style models) -> final norm ->
+    logits = h E^T (output layer tied to the embedding)
 
-Shape legend: B batch, T sequence, C model width, H heads, V vocab.
+GPT-2 and a Llama-style decoder such as SmolLM2 are the same class with different configs
+(`tfbook.models.llama`): LayerNorm or RMSNorm, GELU MLP or SwiGLU, learned positions or RoPE,
+all key/value heads or grouped ones. Shape legend: B batch, T sequence, S positions seen
+(T plus those in the cache), C model width, H heads, V vocab.
 """
 
 import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tfbook.blocks import BlockConfig, EncoderBlock
-from tfbook.embeddings import TokenEmbedding
-from tfbook.layernorm import LayerNorm
-from tfbook.positional import LearnedPositionalEmbedding
+from tfbook.blocks import BlockConfig, SelfAttentionBlock
+from tfbook.cache import KVCache
+from tfbook.config import check_choice, check_positive
+from tfbook.embeddings import TokenEmbedding, check_token_ids
+from tfbook.losses import cross_entropy
+from tfbook.masks import padding_mask
+from tfbook.models.output import ModelOutput
+from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
+
+POSITIONS = ("learned", "rope")
 
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of a GPT; presets below, variants with `dataclasses.replace`."""
+    """Hyper-parameters of a decoder-only model; presets below, variants with `replace`."""
 
-    block_size: int = 1024  # context length: the most positions the model can see
+    max_len: int = 1024  # context length: the most positions the model can see
     vocab_size: int = 50257  # V, GPT-2's byte-level BPE vocabulary
-    n_layer: int = 12  # number of blocks
-    n_head: int = 12  # H, attention heads per block
-    n_embd: int = 768  # C, width of the residual stream
+    n_layers: int = 12  # number of blocks
+    n_heads: int = 12  # H, attention heads per block
+    d_model: int = 768  # C, width of the residual stream
+    d_ff: int | None = None  # F, hidden width of the FFN; None = 4C (GPT-2)
     dropout: float = 0.0  # dropout on embeddings, attention weights and sub-layer outputs
     activation: str = "gelu_tanh"  # GPT-2 uses the tanh approximation of GELU
     bias: bool = True  # biases in linear layers, as in GPT-2
     tie_weights: bool = True  # output layer shares the token embedding matrix
     fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
+    norm: str = "layer"  # "layer" (GPT-2) or "rms" (Llama)
+    norm_eps: float = 1e-5  # epsilon inside every norm
+    ffn: str = "mlp"  # "mlp" (GPT-2) or "swiglu" (Llama)
+    n_kv_heads: int | None = None  # H_kv key/value heads; None = H (GPT-2)
+    position: str = "learned"  # "learned" (added to the embeddings) or "rope" (in attention)
+    rope_base: float = 10000.0  # RoPE's base, used when position == "rope"
+    rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
+
+    def __post_init__(self) -> None:
+        check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
+        check_choice(self, "position", POSITIONS)
+        try:
+            self.block_config()
+        except ValueError as error:  # say it in this config's words
+            raise ValueError(str(error).replace("BlockConfig", "GPTConfig")) from None
 
     def block_config(self) -> BlockConfig:
-        """The per-block settings: pre-LN, FFN width 4C."""
+        """The per-block settings: pre-norm, causal use decided by the model."""
         return BlockConfig(
-            d_model=self.n_embd, n_heads=self.n_head, d_ff=4 * self.n_embd,
+            d_model=self.d_model, n_heads=self.n_heads,
+            d_ff=4 * self.d_model if self.d_ff is None else self.d_ff,
             dropout=self.dropout, activation=self.activation, norm_first=True,
-            bias=self.bias, fused=self.fused,
+            norm_eps=self.norm_eps, bias=self.bias, fused=self.fused, norm=self.norm,
+            ffn=self.ffn, n_kv_heads=self.n_kv_heads,
+            rope_base=self.rope_base if self.position == "rope" else None,
+            rope_convention=self.rope_convention,
         )
+
+    @property
+    def head_size(self) -> int:
+        """D = C / H."""
+        return self.d_model // self.n_heads
 
     @classmethod
     def gpt2_124m(cls) -> "GPTConfig":
@@ -50,16 +84,7 @@ class GPTConfig:
     @classmethod
     def tiny(cls) -> "GPTConfig":
         """A model that trains in minutes on a laptop CPU; fits tests."""
-        return cls(block_size=64, vocab_size=256, n_layer=2, n_head=4, n_embd=64)
-
-
-@dataclass
-class GPTOutput:
-    """What `GPT.forward` returns."""
-
-    logits: Tensor  # (B, T, V), unnormalised next-token scores
-    loss: Tensor | None  # mean cross-entropy against the targets, if they were given
-    attentions: list[Tensor]  # per layer (B, H, T, T); empty unless need_weights=True
+        return cls(max_len=64, vocab_size=256, n_layers=2, n_heads=4, d_model=64)
 
 
 class GPT(nn.Module):
@@ -68,15 +93,17 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.tok_emb = TokenEmbedding(config.vocab_size, config.n_embd)
-        self.pos_emb = LearnedPositionalEmbedding(config.block_size, config.n_embd)
-        self.dropout = nn.Dropout(config.dropout)
-        # "encoder block" = self-attention + FFN; with causal=True it is GPT's decoder block
-        self.blocks = nn.ModuleList(
-            [EncoderBlock(config.block_config()) for _ in range(config.n_layer)]
+        self.tok_emb = TokenEmbedding(config.vocab_size, config.d_model)
+        self.pos_emb = (
+            LearnedPositionalEmbedding(config.max_len, config.d_model)
+            if config.position == "learned" else None  # RoPE lives inside attention
         )
-        self.norm_f = LayerNorm(config.n_embd, fused=config.fused)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            [SelfAttentionBlock(config.block_config()) for _ in range(config.n_layers)]
+        )
+        self.norm_f = config.block_config().make_norm()
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix to embed and unembed
         self.apply(init_weights)
@@ -84,28 +111,76 @@ class GPT(nn.Module):
         # std 0.02 / sqrt(2N), so that the sum of 2N contributions keeps a steady size
         for block in self.blocks:
             for proj in (block.attn.out_proj, block.ff.fc_out):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for this model (one layer cache per block)."""
+        return KVCache(self.config.n_layers, self.config.max_len)
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, need_weights: bool = False
-    ) -> GPTOutput:
-        """idx (B, T) token ids -> logits (B, T, V); position t predicts token t + 1."""
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+        last_only: bool = False,
+    ) -> ModelOutput:
+        """idx (B, T) token ids -> logits (B, T, V); position t predicts token t + 1.
+
+        positions (T,) or (B, T): the index of each token (default: after the cache's
+        contents). attention_mask (B, S), True / 1 at real tokens, covers every position the
+        keys come from, cached ones included (left-padded batches). With a `cache` the model
+        stores this call's keys and values and attends to all stored ones. `last_only`
+        computes the logits of the last position only (all that generation needs).
+        """
+        check_token_ids(idx, self.config.vocab_size)
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
         B, T = idx.size()
-        x = self.dropout(self.pos_emb(self.tok_emb(idx)))  # (B, T, C)
+        start = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache) or len(cache) != self.config.n_layers:
+                raise ValueError(
+                    f"cache must be a KVCache with {self.config.n_layers} layers "
+                    f"(model.new_cache()), got {cache!r:.60}"
+                )
+            cache.check_batch(B)
+            start = cache.length
+        x = self.tok_emb(idx)  # (B, T, C)
+        if positions is None:
+            check_length(start + T, self.config.max_len)
+            positions = torch.arange(start, start + T, device=idx.device)  # (T,)
+        positions = check_positions(positions, x, self.config.max_len)
+        if self.pos_emb is not None:
+            x = self.pos_emb(x, positions)  # (B, T, C)
+        x = self.dropout(x)
+        mask = None
+        if attention_mask is not None:
+            S = start + T
+            if attention_mask.shape != (B, S):
+                raise ValueError(
+                    f"attention_mask must have shape (B, S) = ({B}, {S}): every position "
+                    f"seen, cached ones included, got {tuple(attention_mask.shape)}"
+                )
+            mask = padding_mask(attention_mask)  # (B, 1, 1, S): padded keys are hidden
         attentions = []
-        for block in self.blocks:
-            x, weights = block(x, causal=True, need_weights=need_weights)  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            layer_cache = None if cache is None else cache[i]
+            x, weights = block(x, mask=mask, causal=True, positions=positions,
+                               cache=layer_cache, need_weights=need_weights)  # (B, T, C)
             if need_weights:
-                attentions.append(weights)  # (B, H, T, T)
+                attentions.append(weights)  # (B, H, T, S)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(self.norm_f(x))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
-        return GPTOutput(logits, loss, attentions)
+        loss = None if targets is None else cross_entropy(logits, targets)
+        return ModelOutput(logits=logits, loss=loss, attentions=attentions)
 
 
 def init_weights(module: nn.Module) -> None:
-    """GPT-2's initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps 1 and 0)."""
+    """GPT-2's initialisation: N(0, 0.02) weights, zero biases (norms keep 1 and 0)."""
     if isinstance(module, nn.Linear):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if module.bias is not None:
@@ -118,4 +193,3 @@ def gpt_on_meta(config: GPTConfig) -> GPT:
     """Build a GPT on the `meta` device: shapes only, no memory, for counting parameters."""
     with torch.device("meta"):
         return GPT(config)
-

@@ -75,11 +75,11 @@ def bert_config_from_hf(hf: dict) -> BertConfig:
             f"position_embedding_type={hf.get('position_embedding_type')!r}"
         )
     return BertConfig(
-        vocab_size=hf["vocab_size"], max_position=hf["max_position_embeddings"],
-        type_vocab_size=hf["type_vocab_size"], n_layer=hf["num_hidden_layers"],
-        n_head=hf["num_attention_heads"], d_model=hf["hidden_size"],
+        vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"],
+        type_vocab_size=hf["type_vocab_size"], n_layers=hf["num_hidden_layers"],
+        n_heads=hf["num_attention_heads"], d_model=hf["hidden_size"],
         d_ff=hf["intermediate_size"], dropout=hf["hidden_dropout_prob"],
-        layer_norm_eps=hf["layer_norm_eps"],
+        norm_eps=hf["layer_norm_eps"],
     )
 
 
@@ -101,7 +101,7 @@ def rename_hf_bert(hf_tensors: dict[str, Tensor], n_layer: int) -> dict[str, Ten
 
 def load_hf_bert(hf_tensors: dict[str, Tensor], config: BertConfig) -> Bert:
     """A Bert whose weights are the given Hugging Face tensors; missing or extra -> ValueError."""
-    state = rename_hf_bert(hf_tensors, config.n_layer)
+    state = rename_hf_bert(hf_tensors, config.n_layers)
     model = Bert(config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -156,9 +156,9 @@ def attention_maps(
     Special-token strings typed in `text` are read as plain text, so any sentence works.
     """
     ids = tokenizer.encode(text, disallowed_special=(), add_special_tokens=True)
-    if len(ids) > model.config.max_position:
+    if len(ids) > model.config.max_len:
         raise ValueError(
-            f"text is {len(ids)} tokens long, the model reads at most {model.config.max_position}"
+            f"text is {len(ids)} tokens long, the model reads at most {model.config.max_len}"
         )
     out = model(torch.tensor([ids]), need_weights=True)
     weights = torch.stack(out.attentions)[:, 0]  # L x (1, H, T, T) -> (L, H, T, T)

@@ -11,12 +11,17 @@ Shape legend: B batch, S source length, T target length, C width, H heads, V voc
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
-from tfbook.blocks import BlockConfig, DecoderBlock, EncoderBlock
+from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock
+from tfbook.cache import KVCache
+from tfbook.config import check_positive
 from tfbook.embeddings import TokenEmbedding
-from tfbook.layernorm import LayerNorm
+from tfbook.losses import cross_entropy
 from tfbook.masks import padding_mask
+from tfbook.models.output import ModelOutput
+from tfbook.normalization import LayerNorm
 from tfbook.positional import SinusoidalPositionalEncoding
 
 
@@ -38,15 +43,28 @@ class TransformerConfig:
     final_norm: bool = True  # LayerNorm after each stack (as torch.nn.Transformer; pre-LN needs it)
     share_embeddings: bool = True  # one matrix for source, target and output (needs one vocab)
     scale_embeddings: bool = True  # multiply embeddings by sqrt(C) (section 3.4)
-    layer_norm_eps: float = 1e-5  # LayerNorm epsilon
+    norm_eps: float = 1e-5  # LayerNorm epsilon
     fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
+
+    def __post_init__(self) -> None:
+        check_positive(self, "src_vocab_size", "tgt_vocab_size", "max_len", "n_encoder_layers",
+                       "n_decoder_layers")
+        try:
+            self.block_config()
+        except ValueError as error:  # say it in this config's words
+            raise ValueError(str(error).replace("BlockConfig", "TransformerConfig")) from None
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "TransformerConfig: share_embeddings needs one vocabulary, got src_vocab_size="
+                f"{self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}"
+            )
 
     def block_config(self) -> BlockConfig:
         """The settings shared by every encoder and decoder block."""
         return BlockConfig(
             d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            activation=self.activation, norm_first=self.norm_first,
-            layer_norm_eps=self.layer_norm_eps, fused=self.fused,
+            activation=self.activation, norm_first=self.norm_first, norm_eps=self.norm_eps,
+            fused=self.fused,
         )
 
     @classmethod
@@ -63,27 +81,12 @@ class TransformerConfig:
         )
 
 
-@dataclass
-class Seq2SeqOutput:
-    """What `Transformer.forward` returns; the attention lists are empty unless asked for."""
-
-    logits: Tensor  # (B, T, V_tgt)
-    encoder_attentions: list[Tensor]  # per layer (B, H, S, S)
-    decoder_attentions: list[Tensor]  # per layer (B, H, T, T), causal
-    cross_attentions: list[Tensor]  # per layer (B, H, T, S)
-
-
 class Transformer(nn.Module):
     """Encoder-decoder transformer (Vaswani et al., figure 1)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         c = self.config = config
-        if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
-            raise ValueError(
-                "share_embeddings needs one vocabulary, got src_vocab_size="
-                f"{c.src_vocab_size} and tgt_vocab_size={c.tgt_vocab_size}"
-            )
         self.src_emb = TokenEmbedding(c.src_vocab_size, c.d_model, scale=c.scale_embeddings)
         self.tgt_emb = (
             self.src_emb if c.share_embeddings
@@ -92,25 +95,29 @@ class Transformer(nn.Module):
         self.pos_enc = SinusoidalPositionalEncoding(c.max_len, c.d_model)
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = nn.ModuleList(
-            [EncoderBlock(c.block_config()) for _ in range(c.n_encoder_layers)]
+            [SelfAttentionBlock(c.block_config()) for _ in range(c.n_encoder_layers)]
         )
         self.decoder = nn.ModuleList(
-            [DecoderBlock(c.block_config()) for _ in range(c.n_decoder_layers)]
+            [CrossAttentionBlock(c.block_config()) for _ in range(c.n_decoder_layers)]
         )
         final = c.final_norm
-        self.encoder_norm = LayerNorm(c.d_model, c.layer_norm_eps, c.fused) if final else None
-        self.decoder_norm = LayerNorm(c.d_model, c.layer_norm_eps, c.fused) if final else None
+        self.encoder_norm = LayerNorm(c.d_model, c.norm_eps, c.fused) if final else None
+        self.decoder_norm = LayerNorm(c.d_model, c.norm_eps, c.fused) if final else None
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         if c.share_embeddings:
             self.lm_head.weight = self.tgt_emb.weight  # the paper's three-way weight sharing
+
+    def new_cache(self) -> KVCache:
+        """An empty cache for the decoder: its self-attention keys and the source's keys."""
+        return KVCache(self.config.n_decoder_layers, self.config.max_len)
 
     def embed_source(self, src: Tensor) -> Tensor:
         """src (B, S) ids -> (B, S, C): scaled embedding plus positional encoding."""
         return self.dropout(self.pos_enc(self.src_emb(src)))
 
-    def embed_target(self, tgt: Tensor) -> Tensor:
-        """tgt (B, T) ids -> (B, T, C)."""
-        return self.dropout(self.pos_enc(self.tgt_emb(tgt)))
+    def embed_target(self, tgt: Tensor, positions: Tensor | None = None) -> Tensor:
+        """tgt (B, T) ids at positions (T,) (default 0 .. T-1) -> (B, T, C)."""
+        return self.dropout(self.pos_enc(self.tgt_emb(tgt), positions))
 
     def encode(
         self, src: Tensor, src_mask: Tensor | None = None, need_weights: bool = False
@@ -133,20 +140,34 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
         src_mask: Tensor | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """tgt (B, T) ids, memory (B, S, C) -> logits (B, T, V), self and cross weights."""
-        self_mask = None if tgt_mask is None else padding_mask(tgt_mask, tgt.size(1))
+        cache: KVCache | None = None,
+    ) -> ModelOutput:
+        """tgt (B, T) ids, memory (B, S, C) -> logits (B, T, V), self and cross weights.
+
+        With a `cache`, `tgt` holds only the new target tokens: their positions follow the
+        cached ones, and the source's keys and values are computed at the first call only.
+        """
+        B, T = tgt.size()
+        start = 0
+        if cache is not None:
+            cache.check_batch(B)
+            start = cache.length
+        positions = torch.arange(start, start + T, device=tgt.device)  # (T,)
+        self_mask = None if tgt_mask is None else padding_mask(tgt_mask, start + T)
         memory_mask = None if src_mask is None else padding_mask(src_mask, memory.size(1))
-        x = self.embed_target(tgt)  # (B, T, C)
+        x = self.embed_target(tgt, positions)  # (B, T, C)
         self_attentions, cross_attentions = [], []
-        for block in self.decoder:
-            x, self_w, cross_w = block(x, memory, self_mask, memory_mask, need_weights)
+        for i, block in enumerate(self.decoder):
+            layer_cache = None if cache is None else cache[i]
+            x, self_w, cross_w = block(x, memory, self_mask, memory_mask, positions,
+                                       layer_cache, need_weights)
             if need_weights:
                 self_attentions.append(self_w)  # (B, H, T, T)
                 cross_attentions.append(cross_w)  # (B, H, T, S)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.lm_head(x), self_attentions, cross_attentions  # (B, T, V)
+        return ModelOutput(logits=self.lm_head(x), attentions=self_attentions,
+                           cross_attentions=cross_attentions)  # logits (B, T, V)
 
     def forward(
         self,
@@ -155,8 +176,15 @@ class Transformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         need_weights: bool = False,
-    ) -> Seq2SeqOutput:
-        """src (B, S), tgt (B, T) ids (masks: (B, S) / (B, T), True at real tokens)."""
+        targets: Tensor | None = None,
+    ) -> ModelOutput:
+        """src (B, S), tgt (B, T) ids (masks: (B, S) / (B, T), True at real tokens).
+
+        `targets` (B, T), the target shifted left, with IGNORE_INDEX at padding, adds the loss.
+        """
         memory, enc_w = self.encode(src, src_mask, need_weights)  # (B, S, C)
-        logits, dec_w, cross_w = self.decode(tgt, memory, tgt_mask, src_mask, need_weights)
-        return Seq2SeqOutput(logits, enc_w, dec_w, cross_w)
+        out = self.decode(tgt, memory, tgt_mask, src_mask, need_weights)
+        out.encoder_attentions = enc_w
+        if targets is not None:
+            out.loss = cross_entropy(out.logits, targets)
+        return out

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from tfbook.layernorm import LayerNorm
+from tfbook.normalization import LayerNorm
 
 
 def test_equals_torch_layernorm_values_and_gradients():

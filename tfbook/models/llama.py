@@ -1,0 +1,44 @@
+"""A Llama-style decoder (Touvron et al. 2023) as a preset of tfbook's GPT, and SmolLM2-135M.
+
+From GPT-2 to Llama, one change at a time, each a field of `GPTConfig`:
+
+    LayerNorm            -> RMSNorm                         norm="rms"
+    GELU MLP (F = 4C)    -> SwiGLU (F about 8C/3)           ffn="swiglu", activation="silu"
+    learned positions    -> RoPE inside attention           position="rope", rope_base
+    H key/value heads    -> H_kv < H (grouped-query)        n_kv_heads
+    biases everywhere    -> no biases                       bias=False
+
+SmolLM2-135M (Allal et al. 2025) is such a model: 30 blocks of width 576, 9 query heads
+sharing 3 key/value heads, a 49,152-token vocabulary and the embedding tied to the output.
+"""
+
+from tfbook.models.gpt import GPTConfig
+
+
+def llama_config(
+    vocab_size: int, max_len: int, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int,
+    d_ff: int, rope_base: float = 10000.0, norm_eps: float = 1e-5, tie_weights: bool = True,
+    rope_convention: str = "interleaved",
+) -> GPTConfig:
+    """The GPTConfig of a Llama-style decoder: RMSNorm, SwiGLU, RoPE, grouped heads, no bias."""
+    return GPTConfig(
+        vocab_size=vocab_size, max_len=max_len, n_layers=n_layers, d_model=d_model,
+        n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, dropout=0.0, activation="silu",
+        bias=False, tie_weights=tie_weights, norm="rms", norm_eps=norm_eps, ffn="swiglu",
+        position="rope", rope_base=rope_base, rope_convention=rope_convention,
+    )
+
+
+def smollm2_135m() -> GPTConfig:
+    """SmolLM2-135M's shapes (the loader reads them from the GGUF file and checks them)."""
+    return llama_config(
+        vocab_size=49152, max_len=8192, n_layers=30, d_model=576, n_heads=9, n_kv_heads=3,
+        d_ff=1536, rope_base=100000.0, norm_eps=1e-5,
+    )
+
+
+def tiny_llama() -> GPTConfig:
+    """A toy Llama-style decoder for tests: 2 blocks, 4 query heads sharing 2 key/value heads."""
+    return llama_config(
+        vocab_size=256, max_len=64, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,
+    )
