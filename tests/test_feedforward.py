@@ -35,3 +35,33 @@ def test_fused_activation_is_the_same_function(name):
 def test_unknown_activation():
     with pytest.raises(ValueError, match="one of .*got 'swish'"):
         activation("swish")
+
+
+def test_swiglu_equals_its_formula_and_hugging_face():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    from tfbook.feedforward import SwiGLU
+
+    torch.manual_seed(0)
+    ours = SwiGLU(8, 24)
+    ref = LlamaMLP(LlamaConfig(hidden_size=8, intermediate_size=24, hidden_act="silu",
+                                   num_attention_heads=2, num_key_value_heads=2))
+    ref.gate_proj.weight.data.copy_(ours.fc_gate.weight)
+    ref.up_proj.weight.data.copy_(ours.fc_in.weight)
+    ref.down_proj.weight.data.copy_(ours.fc_out.weight)
+    x = torch.randn(2, 5, 8)
+    gate, value = x @ ours.fc_gate.weight.T, x @ ours.fc_in.weight.T
+    by_formula = (gate * torch.sigmoid(gate) * value) @ ours.fc_out.weight.T
+    assert (ours(x) - by_formula).abs().max() <= 1e-6
+    fused = SwiGLU(8, 24, fused=True)  # torch's F.silu, the kernel Hugging Face calls
+    fused.load_state_dict(ours.state_dict())
+    assert torch.equal(fused(x), ref(x))
+    assert (ours(x) - ref(x)).abs().max() <= 1e-6  # our x * sigmoid(x): the same function
+
+
+def test_unknown_ffn():
+    from tfbook.feedforward import make_ffn
+
+    with pytest.raises(ValueError, match=r"ffn must be one of \('mlp', 'swiglu'\), got 'moe'"):
+        make_ffn("moe", 8, 16, "relu", 0.0, True, False)

@@ -37,3 +37,32 @@ def test_fused_flag_computes_the_same_function():
     fused.load_state_dict(ours.state_dict())
     x = torch.randn(2, 3, 16)
     assert (ours(x) - fused(x)).abs().max() <= 1e-5
+
+
+def test_rms_norm_equals_its_formula_and_hugging_face():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tfbook.normalization import RMSNorm
+
+    torch.manual_seed(1)
+    ours, ref = RMSNorm(16, eps=1e-5), LlamaRMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.normal_()
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, 16) * 4
+    by_formula = ours.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert (ours(x) - by_formula).abs().max() <= 1e-5
+    assert torch.equal(ours(x), ref(x))  # the same operations in the same order
+    # half precision: the statistics in float32 keep it finite where float16 squares overflow
+    big = (torch.randn(2, 16) * 400).half()
+    assert torch.isfinite(ours.half()(big)).all()
+    assert torch.equal(ours(big), ref.half()(big))
+
+
+def test_make_norm_refuses_unknown_kinds():
+    import pytest
+
+    from tfbook.normalization import make_norm
+
+    with pytest.raises(ValueError, match=r"norm must be one of \('layer', 'rms'\), got 'batch'"):
+        make_norm("batch", 8, 1e-5)
