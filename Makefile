@@ -14,6 +14,11 @@ PY_REQS := requirements.txt requirements-test.txt requirements-nodeps.txt constr
 
 .PHONY: setup book test lab bench clean check-tools vendor
 
+# On a loaded machine torch's OpenMP threads spin while they wait for work and can run 15-20x
+# slower (a run here hung for 40 minutes): make them sleep instead, in the book build, the
+# tests, the kernels they start and the benchmarks.
+export OMP_WAIT_POLICY := PASSIVE
+
 setup: check-tools $(PY_STAMP) $(JS_STAMP)
 
 check-tools:

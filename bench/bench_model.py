@@ -45,7 +45,7 @@ RESULTS = ROOT / "bench" / "results" / "model.json"
 # The GPT benchmark configuration of the issue: 6 layers, width 384, 6 heads, T=256, B=8.
 # The vocabulary is kept small (4096) so that the blocks, not the output layer, dominate.
 GPT_BENCH = replace(
-    GPTConfig.tiny(), block_size=256, vocab_size=4096, n_layer=6, n_head=6, n_embd=384,
+    GPTConfig.tiny(), max_len=256, vocab_size=4096, n_layers=6, n_heads=6, d_model=384,
     activation="gelu",  # torch.nn layers offer the erf GELU, so both sides use it
 )
 B, T = 8, 256
@@ -76,21 +76,21 @@ class TorchGPT(nn.Module):
     def __init__(self, ours: GPT) -> None:
         super().__init__()
         c = ours.config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.n_embd)
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = nn.Parameter(ours.pos_emb.weight.detach().clone())
         layer = nn.TransformerEncoderLayer(
-            c.n_embd, c.n_head, 4 * c.n_embd, dropout=0.0, activation="gelu",
+            c.d_model, c.n_heads, 4 * c.d_model, dropout=0.0, activation="gelu",
             batch_first=True, norm_first=True,
         )
-        self.encoder = nn.TransformerEncoder(layer, c.n_layer, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(layer, c.n_layers, enable_nested_tensor=False)
         for dst, block in zip(self.encoder.layers, ours.blocks, strict=True):
             copy_encoder_layer(dst, block)
-        self.norm_f = nn.LayerNorm(c.n_embd)
+        self.norm_f = nn.LayerNorm(c.d_model)
         with torch.no_grad():
             self.tok_emb.weight.copy_(ours.tok_emb.weight)
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied, like ours
-        self.register_buffer("causal", ~causal_mask(c.block_size), persistent=False)
+        self.register_buffer("causal", ~causal_mask(c.max_len), persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         B_, T_ = idx.size()

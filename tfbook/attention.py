@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from tfbook.cache import LayerCache
 from tfbook.masks import causal_mask, check_mask, combine_masks
-from tfbook.rope import CONVENTIONS, apply_rope
+from tfbook.rope import CONVENTIONS, PRECISIONS, apply_rope
 
 
 def scaled_dot_product_attention(
@@ -105,7 +105,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(
         self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
         fused: bool = False, n_kv_heads: int | None = None, rope_base: float | None = None,
-        rope_convention: str = "interleaved",
+        rope_convention: str = "interleaved", rope_precision: str = "float64",
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -125,6 +125,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
         if rope_convention not in CONVENTIONS:
             raise ValueError(f"rope_convention must be one of {CONVENTIONS}, got {rope_convention!r}")
+        if rope_precision not in PRECISIONS:
+            raise ValueError(f"rope_precision must be one of {PRECISIONS}, got {rope_precision!r}")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_size = d_model // n_heads
@@ -134,6 +136,7 @@ class MultiHeadAttention(nn.Module):
         self.fused = fused
         self.rope_base = rope_base  # None: no rotation (positions were added to the input)
         self.rope_convention = rope_convention
+        self.rope_precision = rope_precision
         kv_width = n_kv_heads * self.head_size
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # H_kv heads, not H
@@ -179,8 +182,9 @@ class MultiHeadAttention(nn.Module):
                 if positions is None:
                     start = 0 if cache is None else cache.length
                     positions = torch.arange(start, start + T, device=x.device)  # (T,)
-                q = apply_rope(q, positions, self.rope_base, self.rope_convention)
-                k = apply_rope(k, positions, self.rope_base, self.rope_convention)
+                rope = (self.rope_base, self.rope_convention, self.rope_precision)
+                q = apply_rope(q, positions, *rope)  # (B, H, T, D), rotated by position
+                k = apply_rope(k, positions, *rope)  # (B, H_kv, T, D)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, H_kv, S, D): every position so far
         elif cache is not None and cache.cross is not None:

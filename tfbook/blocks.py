@@ -29,7 +29,7 @@ from tfbook.cache import LayerCache
 from tfbook.config import check_choice, check_positive, check_probability
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.normalization import NORMS, make_norm
-from tfbook.rope import CONVENTIONS
+from tfbook.rope import CONVENTIONS, PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class BlockConfig:
     n_kv_heads: int | None = None  # H_kv key/value heads; None = H (plain multi-head)
     rope_base: float | None = None  # RoPE inside attention with this base; None = no RoPE
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
+    rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
 
     def __post_init__(self) -> None:
         check_positive(self, "d_model", "n_heads", "d_ff")
@@ -62,6 +63,7 @@ class BlockConfig:
         check_choice(self, "norm", NORMS)
         check_choice(self, "ffn", FFNS)
         check_choice(self, "rope_convention", CONVENTIONS)
+        check_choice(self, "rope_precision", PRECISIONS)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"BlockConfig: d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
@@ -83,7 +85,7 @@ class BlockConfig:
         """The attention sub-layer this config describes."""
         return MultiHeadAttention(
             self.d_model, self.n_heads, self.dropout, self.bias, self.fused, self.n_kv_heads,
-            self.rope_base, self.rope_convention,
+            self.rope_base, self.rope_convention, self.rope_precision,
         )
 
     def feed_forward(self) -> nn.Module:

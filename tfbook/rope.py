@@ -19,18 +19,34 @@ import torch
 from torch import Tensor
 
 CONVENTIONS = ("interleaved", "half")
+PRECISIONS = ("float64", "float32")  # how the angles pos * theta_n are computed
 
 
-def rope_frequencies(D: int, base: float = 10000.0) -> Tensor:
-    """theta_n = base^(-2n / D) for the D/2 planes, fastest first: (D/2,)."""
+def rope_frequencies(D: int, base: float = 10000.0, precision: str = "float64") -> Tensor:
+    """theta_n = base^(-2n / D) for the D/2 planes, fastest first: (D/2,).
+
+    precision="float32" computes 1 / base^(2n / D) in float32 exactly as Hugging Face's Llama
+    does, so that a model can reproduce its outputs bit for bit; "float64" is more exact.
+    """
     if D % 2 != 0:
         raise ValueError(f"RoPE needs an even head size D, got D={D}")
+    if precision == "float32":
+        return 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))  # (D/2,)
+    if precision != "float64":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
 
 
-def rope_angles(positions: Tensor, D: int, base: float = 10000.0) -> Tensor:
-    """pos * theta_n for every position and plane: positions (T,) -> (T, D/2), float64."""
-    return positions.to(torch.float64)[:, None] * rope_frequencies(D, base)  # (T, D/2)
+def rope_angles(
+    positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64"
+) -> Tensor:
+    """pos * theta_n for every position and plane: positions (T,) -> (T, D/2).
+
+    In float32 an angle near position 8000 is only known to about 5e-4 radians (the spacing
+    of float32 numbers there); float64 keeps it to about 1e-12.
+    """
+    dtype = torch.float32 if precision == "float32" else torch.float64
+    return positions.to(dtype)[:, None] * rope_frequencies(D, base, precision)  # (T, D/2)
 
 
 def apply_rope(
@@ -38,6 +54,7 @@ def apply_rope(
     positions: Tensor | None = None,
     base: float = 10000.0,
     convention: str = "interleaved",
+    precision: str = "float64",
 ) -> Tensor:
     """Rotate each plane of x (..., T, D) by pos * theta_n; positions default to 0 .. T-1.
 
@@ -56,7 +73,8 @@ def apply_rope(
             f"positions must have shape (T,) = ({T},){per_row_shape}, got "
             f"{tuple(positions.shape)} for x of shape {tuple(x.shape)}"
         )
-    angles = rope_angles(positions.reshape(-1), D, base).view(*positions.shape, D // 2)
+    angles = rope_angles(positions.reshape(-1), D, base, precision)
+    angles = angles.view(*positions.shape, D // 2)  # (T, D/2) or (B, T, D/2)
     if per_row:
         angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
     cos = torch.cos(angles).to(x.dtype)  # (T, D/2) or (B, 1, T, D/2)

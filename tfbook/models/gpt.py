@@ -50,6 +50,7 @@ class GPTConfig:
     position: str = "learned"  # "learned" (added to the embeddings) or "rope" (in attention)
     rope_base: float = 10000.0  # RoPE's base, used when position == "rope"
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
+    rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
 
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
@@ -68,7 +69,7 @@ class GPTConfig:
             norm_eps=self.norm_eps, bias=self.bias, fused=self.fused, norm=self.norm,
             ffn=self.ffn, n_kv_heads=self.n_kv_heads,
             rope_base=self.rope_base if self.position == "rope" else None,
-            rope_convention=self.rope_convention,
+            rope_convention=self.rope_convention, rope_precision=self.rope_precision,
         )
 
     @property

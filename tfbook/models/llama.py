@@ -18,7 +18,7 @@ from tfbook.models.gpt import GPTConfig
 def llama_config(
     vocab_size: int, max_len: int, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int,
     d_ff: int, rope_base: float = 10000.0, norm_eps: float = 1e-5, tie_weights: bool = True,
-    rope_convention: str = "interleaved",
+    rope_convention: str = "interleaved", rope_precision: str = "float64",
 ) -> GPTConfig:
     """The GPTConfig of a Llama-style decoder: RMSNorm, SwiGLU, RoPE, grouped heads, no bias."""
     return GPTConfig(
@@ -26,6 +26,7 @@ def llama_config(
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, dropout=0.0, activation="silu",
         bias=False, tie_weights=tie_weights, norm="rms", norm_eps=norm_eps, ffn="swiglu",
         position="rope", rope_base=rope_base, rope_convention=rope_convention,
+        rope_precision=rope_precision,
     )
 
 

@@ -1,0 +1,82 @@
+"""Any Hugging Face `LlamaForCausalLM` as a tfbook GPT, for parity tests and the chapters.
+
+Hugging Face's port of LLaMA keeps the rows of W_Q and W_K permuted so that RoPE rotates the
+two halves of each head (features i and i + D/2), and computes the rotary angles in float32.
+The tfbook model built here does the same (rope_convention="half", rope_precision="float32"),
+so the two compute the same numbers operation for operation. One visible table maps the names.
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.models.llama import llama_config
+
+# Hugging Face LlamaForCausalLM name -> tfbook GPT name; "{i}" stands for the layer number.
+HF_TO_TFBOOK: dict[str, str] = {
+    "model.embed_tokens.weight": "tok_emb.weight",
+    "model.layers.{i}.input_layernorm.weight": "blocks.{i}.norm1.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "blocks.{i}.attn.q_proj.weight",
+    "model.layers.{i}.self_attn.k_proj.weight": "blocks.{i}.attn.k_proj.weight",
+    "model.layers.{i}.self_attn.v_proj.weight": "blocks.{i}.attn.v_proj.weight",
+    "model.layers.{i}.self_attn.o_proj.weight": "blocks.{i}.attn.out_proj.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "blocks.{i}.norm2.weight",
+    "model.layers.{i}.mlp.gate_proj.weight": "blocks.{i}.ff.fc_gate.weight",
+    "model.layers.{i}.mlp.up_proj.weight": "blocks.{i}.ff.fc_in.weight",
+    "model.layers.{i}.mlp.down_proj.weight": "blocks.{i}.ff.fc_out.weight",
+    "model.norm.weight": "norm_f.weight",
+    "lm_head.weight": "lm_head.weight",  # the same tensor as the embedding when tied
+}
+
+
+def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfig:
+    """The GPTConfig of a Hugging Face LlamaConfig, in HF's RoPE layout and precision."""
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    base = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"only plain RoPE is supported, got rope_type={rope.get('rope_type')!r}")
+    return llama_config(
+        vocab_size=hf_config.vocab_size,
+        max_len=max_len or hf_config.max_position_embeddings,
+        n_layers=hf_config.num_hidden_layers, d_model=hf_config.hidden_size,
+        n_heads=hf_config.num_attention_heads, n_kv_heads=hf_config.num_key_value_heads,
+        d_ff=hf_config.intermediate_size, rope_base=float(base), norm_eps=hf_config.rms_norm_eps,
+        tie_weights=bool(hf_config.tie_word_embeddings), rope_convention="half",
+        rope_precision="float32",
+    )
+
+
+def rename_hf_llama(hf_state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
+    """HF names -> tfbook names through HF_TO_TFBOOK; any name it does not explain is an error."""
+    ours: dict[str, Tensor] = {}
+    explained: set[str] = set()
+    for hf_name, name in HF_TO_TFBOOK.items():
+        for i in range(n_layers) if "{i}" in hf_name else [None]:
+            key = hf_name.format(i=i)
+            if key in hf_state:
+                ours[name.format(i=i)] = hf_state[key]
+                explained.add(key)
+    unknown = sorted(set(hf_state) - explained)
+    if unknown:
+        raise ValueError(f"tensors the name table does not explain: {unknown[:3]}")
+    return ours
+
+
+@torch.no_grad()
+def tfbook_from_hf_llama(hf_model: Any, fused: bool = True) -> GPT:
+    """A tfbook GPT holding a copy of `hf_model`'s weights (strict: every tensor must fit)."""
+    config = config_from_hf_llama(hf_model.config)
+    if not fused:
+        config = GPTConfig(**{**config.__dict__, "fused": False})
+    model = GPT(config).eval()
+    state = rename_hf_llama(dict(hf_model.state_dict()), config.n_layers)
+    if config.tie_weights:
+        state.pop("lm_head.weight", None)  # tied: the embedding is the head
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or set(missing) != {"lm_head.weight"}:
+            raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
+    else:
+        model.load_state_dict(state, strict=True)
+    return model.to(next(hf_model.parameters()).dtype)
