@@ -64,7 +64,7 @@ def test_cache_refuses_misuse():
     model(torch.zeros(2, 60, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="holds a batch of 2 sequences, got a batch of 3"):
         model(torch.zeros(3, 1, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match="sequence length 65 exceeds the model's context length 64"):
+    with pytest.raises(ValueError, match="length 65 exceeds the model's context length 64"):
         model(torch.zeros(2, 5, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="KVCache with 2 layers"):
         model(torch.zeros(2, 1, dtype=torch.long), cache=KVCache(3, 64))

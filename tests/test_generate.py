@@ -83,7 +83,7 @@ def test_helpers():
 
 def test_bad_requests(model):
     prompt = torch.zeros(1, 60, dtype=torch.long)
-    with pytest.raises(ValueError, match="needs 65 positions, more than the model's context length 64"):
+    with pytest.raises(ValueError, match="needs 65 positions, more than the model's context"):
         generate(model, prompt, 5)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int, got 0"):
         generate(model, prompt[:, :3], 0)

@@ -85,7 +85,8 @@ def attend(
     if fused and not need_weights:
         if causal and mask is None and S == T:
             # a plain square causal mask: the kernel's is_causal flag skips masked blocks
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            return out, None
         full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p), None
     full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
@@ -124,7 +125,9 @@ class MultiHeadAttention(nn.Module):
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
         if rope_convention not in CONVENTIONS:
-            raise ValueError(f"rope_convention must be one of {CONVENTIONS}, got {rope_convention!r}")
+            raise ValueError(
+                f"rope_convention must be one of {CONVENTIONS}, got {rope_convention!r}"
+            )
         if rope_precision not in PRECISIONS:
             raise ValueError(f"rope_precision must be one of {PRECISIONS}, got {rope_precision!r}")
         self.n_heads = n_heads

@@ -73,7 +73,8 @@ class BlockConfig:
                 f"BlockConfig: n_heads={self.n_heads} is not a multiple of "
                 f"n_kv_heads={self.n_kv_heads}"
             )
-        if self.rope_base is not None and (self.rope_base <= 1.0 or (self.d_model // self.n_heads) % 2):
+        odd_heads = (self.d_model // self.n_heads) % 2 == 1
+        if self.rope_base is not None and (self.rope_base <= 1.0 or odd_heads):
             raise ValueError(
                 f"BlockConfig: RoPE needs rope_base > 1 and an even head size, got rope_base="
                 f"{self.rope_base} and head size {self.d_model // self.n_heads}"

@@ -34,7 +34,8 @@ def cross_entropy(
     if not isinstance(targets, Tensor) or targets.dtype.is_floating_point or targets.dtype in (
         torch.bool, torch.complex64, torch.complex128
     ):
-        raise TypeError(f"targets must be an integer tensor, got {getattr(targets, 'dtype', targets)}")
+        given = getattr(targets, "dtype", type(targets).__name__)
+        raise TypeError(f"targets must be an integer tensor, got {given}")
     if targets.shape != logits.shape[:-1]:
         raise ValueError(
             f"targets must have the shape of logits without the last dimension "

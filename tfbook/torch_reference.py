@@ -12,8 +12,8 @@ from torch import nn
 
 from tfbook.attention import MultiHeadAttention
 from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock
-from tfbook.normalization import LayerNorm
 from tfbook.models.transformer import Transformer
+from tfbook.normalization import LayerNorm
 
 TORCH_ACTIVATIONS = {"relu": "relu", "gelu": "gelu"}  # torch.nn layers have no tanh GELU
 
@@ -105,7 +105,9 @@ def torch_encoder_layer(src: SelfAttentionBlock, config: BlockConfig) -> nn.Tran
     return twin
 
 
-def torch_decoder_layer(src: CrossAttentionBlock, config: BlockConfig) -> nn.TransformerDecoderLayer:
+def torch_decoder_layer(
+    src: CrossAttentionBlock, config: BlockConfig
+) -> nn.TransformerDecoderLayer:
     """The nn.TransformerDecoderLayer equal to `src` (built with `config`)."""
     twin = nn.TransformerDecoderLayer(**layer_kwargs(config))
     copy_decoder_layer(twin, src)

@@ -87,8 +87,8 @@ def check_request(
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if T + max_new_tokens > max_len:
         raise ValueError(
-            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} needs {T + max_new_tokens} "
-            f"positions, more than the model's context length {max_len}"
+            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} needs "
+            f"{T + max_new_tokens} positions, more than the model's context length {max_len}"
         )
     for end in end_ids:
         if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end < vocab_size:
@@ -125,7 +125,9 @@ def generate(
     """
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2 or prompts.size(1) == 0:
-            raise ValueError(f"prompts must be ids of shape (B, T) with T >= 1, got {tuple(prompts.shape)}")
+            raise ValueError(
+                f"prompts must be ids of shape (B, T) with T >= 1, got {tuple(prompts.shape)}"
+            )
         ids = prompts.long()
         mask = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
                 else attention_mask.bool())

@@ -13,13 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
+from tfbook.config import check_positive
 from tfbook.embeddings import TokenEmbedding, check_token_ids
 from tfbook.feedforward import gelu
-from tfbook.config import check_positive
 from tfbook.losses import cross_entropy
-from tfbook.normalization import LayerNorm
 from tfbook.masks import padding_mask
 from tfbook.models.output import ModelOutput
+from tfbook.normalization import LayerNorm
 from tfbook.positional import LearnedPositionalEmbedding
 
 

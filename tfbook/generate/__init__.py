@@ -1,0 +1,1 @@
+"""Generating text: sampling rules and the decoding loops."""
