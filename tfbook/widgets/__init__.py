@@ -9,6 +9,7 @@ from tfbook.widgets.base import Widget
 from tfbook.widgets.bpe import BPEMergesWidget
 from tfbook.widgets.positions import PositionalEncodingExplorer
 from tfbook.widgets.rope import RopeExplorer
+from tfbook.widgets.sampling import SamplingWidget
 from tfbook.widgets.tokens import TokenView
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "BPEMergesWidget",
     "PositionalEncodingExplorer",
     "RopeExplorer",
+    "SamplingWidget",
     "TokenView",
     "Widget",
 ]

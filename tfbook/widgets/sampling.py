@@ -1,0 +1,338 @@
+"""The next-token sampling widget: temperature, top-k and top-p on a stored generation.
+
+At each step of a generation, a language model gives logits over the whole vocabulary (V);
+sampling turns them into the distribution the next token is drawn from. The widget draws
+that distribution as bars over the N most likely tokens (the candidates), and the reader
+turns the knobs of the usual samplers (Holtzman et al. 2020 for top-p): the temperature
+divides the logits (0 = greedy), top-k keeps the k largest (ties at the boundary too), top-p
+keeps the smallest most-likely set whose probability passes p. The page recomputes the kept
+set and the renormalised probabilities itself, in HF's order (temperature, top-k, top-p),
+from the candidates' logits stored at build time, so the knobs work in the static book; the
+Python reference of that arithmetic is `tfbook.generate.sampling.kept_distribution`.
+
+A step slider (and prev/next buttons) walks through the generation: the text so far, the
+token that was chosen, and the alternatives the sampler had. In Jupyter, a prompt box asks
+Python for a new generation through a model-agnostic `generate_fn`.
+
+Token text is hostile data: the page sets it with textContent only, and "<" never reaches
+the saved page raw (see `page_text`), so no token can end or open a script element there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+import torch
+import traitlets
+
+from tfbook.widgets.base import STATIC, Widget, bundle, rounded
+
+MAX_TOP_N = 200  # candidates per step: the page draws one bar for each
+MAX_STEPS = 256  # generated tokens stored in the page
+MAX_PROMPT_TOKENS = 2048
+MAX_TEMPERATURE = 2.0
+MAX_NEW_TOKENS = 64  # per live request: generation stays a few seconds on a CPU
+MAX_PROMPT_CHARS = 2000  # the live prompt box
+
+TokenText = Callable[[int], str] | Sequence[str]  # token id -> its text
+# What a generate_fn returns: (prompt tokens, (steps, V) logits, chosen ids, token text).
+Generation = tuple[Sequence[str], Any, Sequence[int], TokenText]
+
+
+def page_text(text: str) -> str:
+    """`text` without any "<": "%" -> "%25", then "<" -> "%3C"; sampling.js undoes both.
+
+    The saved page holds the widget state as JSON inside a <script> element, and the book's
+    builder escapes only "</script>" there: a token such as "<!--<script>" would make the
+    HTML parser run past the element's end and swallow the rest of the page.
+
+    >>> page_text("<!--<script> 100%")
+    '%3C!--%3Cscript> 100%25'
+    """
+    return text.replace("%", "%25").replace("<", "%3C")
+
+
+def _strings_to_page(values: list[str], _widget: Any) -> list[str]:
+    return [page_text(v) for v in values]
+
+
+def _steps_to_page(steps: list[dict[str, Any]], _widget: Any) -> list[dict[str, Any]]:
+    return [{**step, "tokens": _strings_to_page(step["tokens"], _widget),
+             "chosen_text": page_text(step["chosen_text"])} for step in steps]
+
+
+def _text_to_page(text: str, _widget: Any) -> str:
+    return page_text(text)
+
+
+def next_token_candidates(logits: torch.Tensor, top_n: int) -> tuple[list[int], list[float], float]:
+    """The `top_n` most likely token ids of one step's (V,) logits, their logits, and the
+    probability mass they hold at temperature 1 over the whole vocabulary.
+
+    Tokens with logit -inf (masked, never sampled) are never candidates; ties are ordered
+    by id, so the candidates do not depend on the sort's whims.
+
+    >>> next_token_candidates(torch.tensor([0.0, 2.0, float("-inf"), 2.0]), 2)[:2]
+    ([1, 3], [2.0, 2.0])
+    """
+    logits = logits.double()  # (V,)
+    finite = int(torch.isfinite(logits).sum())
+    order = torch.sort(logits, descending=True, stable=True).indices[:min(top_n, finite)]  # (N,)
+    mass = torch.softmax(logits, dim=-1)[order].sum()  # softmax over all V, then the N
+    return order.tolist(), logits[order].tolist(), float(mass)
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> int:
+    if not isinstance(value, Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r:.60}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    return int(value)
+
+
+def _check_number(name: str, value: object) -> float:
+    if not isinstance(value, Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r:.60}")
+    return float(value)
+
+
+def check_settings(temperature: float, top_k: int | None, top_p: float | None
+                   ) -> tuple[float, int | None, float | None]:
+    """The sampler's knobs, checked: temperature in [0, 2] (0 = greedy), top-k an int >= 1 or
+    None (off), top-p in (0, 1] or None (off)."""
+    temperature = _check_number("temperature", temperature)
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be between 0 (greedy) and {MAX_TEMPERATURE}, "
+                         f"got {temperature}")
+    if top_k is not None:
+        top_k = _check_int("top_k", top_k, 1, MAX_TOP_N)
+    if top_p is not None:
+        top_p = _check_number("top_p", top_p)
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (or None for off), got {top_p}")
+    return temperature, top_k, top_p
+
+
+def _check_strings(name: str, values: object) -> list[str]:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a list of str, got {type(values).__name__}: "
+                        f"{values!r:.60}")
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(value).__name__}: "
+                            f"{value!r:.60}")
+    return list(values)
+
+
+def as_step_logits(step_logits: object) -> torch.Tensor:
+    """The (steps, V) logits as float64, checked: no NaN, no +inf, something finite per step.
+
+    -inf is allowed: it is how a model bans a token (such tokens are never candidates).
+    """
+    if isinstance(step_logits, torch.Tensor):
+        logits = step_logits.detach().cpu()
+    elif isinstance(step_logits, np.ndarray):
+        if step_logits.dtype.kind not in "iuf":
+            raise TypeError(f"step_logits must hold real numbers, got dtype {step_logits.dtype}")
+        logits = torch.from_numpy(step_logits.astype(np.float64))
+    elif isinstance(step_logits, Sequence) and not isinstance(step_logits, str):
+        rows = [_as_row(s, row) for s, row in enumerate(step_logits)]
+        lengths = {len(row) for row in rows}
+        if len(lengths) > 1:
+            raise ValueError(f"step_logits is ragged: every step needs the same V logits, got "
+                             f"lengths {[len(row) for row in rows][:20]}")
+        logits = torch.tensor(rows, dtype=torch.float64) if rows else torch.zeros(0, 0)
+    else:
+        raise TypeError(f"step_logits must be a (steps, V) tensor or array, or a list of lists "
+                        f"of numbers, got {type(step_logits).__name__}")
+    if logits.dtype == torch.bool or logits.is_complex():
+        raise TypeError(f"step_logits must hold real numbers, got dtype {logits.dtype}")
+    if logits.dim() != 2 or 0 in logits.shape:
+        raise ValueError(f"step_logits must be (steps, V) with at least one step and one "
+                         f"token, got shape {tuple(logits.shape)}")
+    if logits.shape[0] > MAX_STEPS:
+        raise ValueError(f"the widget stores at most {MAX_STEPS} steps, got {logits.shape[0]}")
+    logits = logits.double()  # (S, V)
+    for bad, what in ((torch.isnan(logits), "NaN"), (logits == math.inf, "+inf")):
+        if bad.any():
+            step, token = bad.nonzero()[0].tolist()
+            raise ValueError(f"step_logits must not contain {what}: step {step}, token "
+                             f"{token} is {what}")
+    dead = ~torch.isfinite(logits).any(dim=-1)  # (S,) rows that are all -inf
+    if dead.any():
+        raise ValueError(f"step {int(dead.nonzero()[0])} has every logit -inf: no token "
+                         f"could be sampled there")
+    return logits
+
+
+def _as_row(step: int, row: object) -> list[float]:
+    if isinstance(row, torch.Tensor):
+        if row.dim() != 1:
+            raise ValueError(f"step {step} of step_logits must be 1-D (V,), got shape "
+                             f"{tuple(row.shape)}")
+        return row.double().tolist()
+    if isinstance(row, str) or not isinstance(row, Sequence):
+        raise TypeError(f"step {step} of step_logits must be a list of numbers, got "
+                        f"{type(row).__name__}")
+    for value in row:
+        if not isinstance(value, Real) or isinstance(value, bool):
+            raise TypeError(f"step {step} of step_logits holds {value!r:.40} "
+                            f"({type(value).__name__}); logits must be numbers")
+    return [float(v) for v in row]
+
+
+def _text_lookup(token_text: object, vocab_size: int) -> Callable[[int], str]:
+    """token_text (a callable or a list of V strings) as a checked id -> str function."""
+    if callable(token_text):
+        def text(i: int) -> str:
+            value = token_text(i)
+            if not isinstance(value, str):
+                raise TypeError(f"token_text({i}) must return a str, got "
+                                f"{type(value).__name__}: {value!r:.60}")
+            return value
+        return text
+    table = _check_strings("token_text", token_text)
+    if len(table) != vocab_size:
+        raise ValueError(f"token_text has {len(table)} strings but the logits cover "
+                         f"V = {vocab_size} tokens")
+    return table.__getitem__
+
+
+def build_steps(step_logits: object, chosen: object, token_text: TokenText, top_n: int
+                ) -> tuple[list[dict[str, Any]], int]:
+    """Check a generation and cut each step to its candidates; returns the steps for the
+    page and V. Each step: candidate ids, texts and logits (most likely first), the chosen
+    id, its text and its rank in the vocabulary (0 = most likely), the candidates' mass."""
+    _check_int("top_n", top_n, 1, MAX_TOP_N)
+    logits = as_step_logits(step_logits)  # (S, V)
+    S, V = logits.shape
+    if isinstance(chosen, torch.Tensor | np.ndarray):
+        chosen = chosen.tolist()
+    if isinstance(chosen, str) or not isinstance(chosen, Sequence):
+        raise TypeError(f"chosen must be a list of token ids, got {type(chosen).__name__}")
+    if len(chosen) != S:
+        raise ValueError(f"chosen has {len(chosen)} token ids but step_logits has {S} steps")
+    chosen = [_check_int(f"chosen[{s}]", c, 0, V - 1) for s, c in enumerate(chosen)]
+    for s, c in enumerate(chosen):
+        if logits[s, c] == -math.inf:
+            raise ValueError(f"chosen[{s}] = {c} has logit -inf at step {s}: it could not "
+                             f"have been sampled")
+    text = _text_lookup(token_text, V)
+    steps = []
+    for s, c in enumerate(chosen):
+        ids, values, mass = next_token_candidates(logits[s], top_n)
+        order = torch.sort(logits[s], descending=True, stable=True).indices  # (V,)
+        steps.append({
+            "ids": ids,
+            "tokens": [text(i) for i in ids],
+            "logits": rounded(values, 6),  # about float32's precision: no ties invented
+            "chosen": c,
+            "chosen_text": text(c),
+            "chosen_rank": int((order == c).nonzero()[0]),
+            "mass": round(mass, 6),
+        })
+    return steps, V
+
+
+class SamplingWidget(Widget):
+    """Bars of the next-token distribution under temperature, top-k and top-p, step by step.
+
+    `prompt_tokens` is the prompt cut into token strings, `step_logits` the model's (S, V)
+    logits before each of the S generated tokens, `chosen` the S ids it then picked, and
+    `token_text` gives a token id's text (a function, or a list of V strings). The page keeps
+    the `top_n` most likely tokens of each step. `generate_fn(prompt, max_new_tokens)`, if
+    given, returns those four for a new prompt: the live prompt box calls it.
+    """
+
+    _esm = bundle("tokenspans.js") + "\n" + (STATIC / "sampling.js").read_text(encoding="utf-8")
+
+    # Strings go to the page through page_text (to_json): Python keeps the real text.
+    prompt_tokens = traitlets.List(traitlets.Unicode()).tag(sync=True, to_json=_strings_to_page)
+    steps = traitlets.List().tag(sync=True, to_json=_steps_to_page)  # see build_steps
+    vocab_size = traitlets.Int(0).tag(sync=True)  # V of the model
+    top_n = traitlets.Int(50).tag(sync=True)  # candidates asked for per step
+    step = traitlets.Int(0).tag(sync=True)  # the step shown
+    temperature = traitlets.Float(1.0).tag(sync=True)  # 0 = greedy
+    top_k = traitlets.Int(None, allow_none=True).tag(sync=True)  # None = off
+    top_p = traitlets.Float(None, allow_none=True).tag(sync=True)  # None = off
+    can_run = traitlets.Bool(False).tag(sync=True)  # a generate_fn is attached
+    prompt = traitlets.Unicode("").tag(sync=True, to_json=_text_to_page)  # the live prompt box
+    max_new_tokens = traitlets.Int(10).tag(sync=True)  # prefills the live length box
+
+    def __init__(self, prompt_tokens: Sequence[str], step_logits: torch.Tensor | Sequence,
+                 chosen: Sequence[int], token_text: TokenText, top_n: int = 50, *,
+                 generate_fn: Callable[[str, int], Generation] | None = None,
+                 temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, step: int = 0, prompt: str | None = None) -> None:
+        super().__init__()
+        if generate_fn is not None and not callable(generate_fn):
+            raise TypeError(f"generate_fn must be callable (prompt, max_new_tokens) -> "
+                            f"generation, got {type(generate_fn).__name__}")
+        settings = check_settings(temperature, top_k, top_p)
+        step = _check_int("step", step, -2**31, 2**31)  # then clamped to the steps there are
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
+        self._generate_fn = generate_fn
+        self._set_generation(prompt_tokens, step_logits, chosen, token_text, top_n)
+        with self.hold_sync():
+            self.temperature, top_k, self.top_p = settings
+            self.top_k = None if top_k is None else min(top_k, self.top_n)
+            self.step = min(max(step, 0), len(self.steps) - 1)
+            self.can_run = generate_fn is not None
+            self.prompt = "".join(self.prompt_tokens) if prompt is None else prompt
+            self.max_new_tokens = min(len(self.steps), MAX_NEW_TOKENS)
+
+    @classmethod
+    def from_generate(cls, generate_fn: Callable[[str, int], Generation], prompt: str,
+                      max_new_tokens: int = 10, top_n: int = 50, **settings: Any
+                      ) -> SamplingWidget:
+        """Run `generate_fn` on `prompt` now (build time) and keep it for live requests."""
+        generation = _run(generate_fn, prompt, max_new_tokens)
+        return cls(*generation, top_n=top_n, generate_fn=generate_fn, prompt=prompt,
+                   **settings)
+
+    def _set_generation(self, prompt_tokens: Sequence[str], step_logits: object,
+                        chosen: object, token_text: TokenText, top_n: int) -> None:
+        """Check everything first, then update the page in one message."""
+        prompt_tokens = _check_strings("prompt_tokens", prompt_tokens)
+        if len(prompt_tokens) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"the widget shows at most {MAX_PROMPT_TOKENS} prompt tokens, "
+                             f"got {len(prompt_tokens)}")
+        steps, vocab_size = build_steps(step_logits, chosen, token_text, top_n)
+        with self.hold_sync():
+            self.prompt_tokens, self.steps = prompt_tokens, steps
+            self.vocab_size, self.top_n = vocab_size, top_n
+            self.step = min(self.step, len(steps) - 1)
+            if self.top_k is not None:
+                self.top_k = min(self.top_k, top_n)
+
+    def compute(self, prompt: str = "", max_new_tokens: int = 10) -> None:
+        """Generate from a new prompt with the attached generate_fn and show it from step 0."""
+        if self._generate_fn is None:
+            raise TypeError("this sampling widget has no model attached (pass generate_fn=...)")
+        generation = _run(self._generate_fn, prompt, max_new_tokens)
+        self._set_generation(*generation, top_n=self.top_n)
+        with self.hold_sync():
+            self.prompt, self.max_new_tokens, self.step = prompt, max_new_tokens, 0
+
+
+def _run(generate_fn: Callable[[str, int], Generation], prompt: object,
+         max_new_tokens: object) -> Generation:
+    """Call generate_fn after checking its arguments, and check the shape of its answer."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}: {prompt!r:.60}")
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: type a few words to continue")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt has {len(prompt):,} characters; the widget takes at most "
+                         f"{MAX_PROMPT_CHARS:,}")
+    _check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    generation = generate_fn(prompt, max_new_tokens)
+    if not isinstance(generation, tuple) or len(generation) != 4:
+        raise TypeError("generate_fn must return (prompt_tokens, step_logits, chosen, "
+                        f"token_text), got {type(generation).__name__}: {generation!r:.80}")
+    return generation
