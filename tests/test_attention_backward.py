@@ -11,8 +11,8 @@ from tfbook.attention_backward import (
     attention_manual_backward,
     layer_norm_manual_backward,
 )
-from tfbook.normalization import layer_norm
 from tfbook.masks import causal_mask, combine_masks, padding_mask
+from tfbook.normalization import layer_norm
 
 B, H, T, S, D, C = 2, 3, 5, 4, 6, 8
 

@@ -68,6 +68,8 @@ def next_logits(
     cache: KVCache | None, memory: Tensor | None = None, memory_mask: Tensor | None = None,
 ) -> Tensor:
     """The scores of the token after `ids` (B, T): (B, V). The one place that calls the model."""
+    if bool(attention_mask.all()):
+        attention_mask = None  # nothing to hide: lets attention use its plain causal kernel
     if memory is None:  # decoder-only: GPT, Llama-style
         out = model(ids, positions=positions, attention_mask=attention_mask, cache=cache,
                     last_only=True)
