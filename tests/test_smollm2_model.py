@@ -132,3 +132,22 @@ def test_hostile_message_cannot_forge_a_turn(tokenizer):
 def test_bad_layout():
     with pytest.raises(ValueError, match=r"layout must be one of \('gguf', 'hf'\), got 'onnx'"):
         load_smollm2("onnx")
+
+
+@pytest.mark.parametrize("length_penalty,early_stopping", [(1.0, True), (0.5, "never")])
+def test_beam_search_equals_hugging_face(tokenizer, ours_hf_layout, hf_sdpa, length_penalty,
+                                         early_stopping):
+    from tfbook.generate.beam import beam_search
+
+    x = torch.tensor([prompts(tokenizer)[0]])
+    theirs = hf_sdpa.generate(
+        x, attention_mask=torch.ones_like(x), num_beams=4, num_return_sequences=4,
+        do_sample=False, max_new_tokens=12, length_penalty=length_penalty,
+        early_stopping=early_stopping, eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.eos_id, output_scores=True, return_dict_in_generate=True)
+    mine = beam_search(ours_hf_layout, x, num_beams=4, max_new_tokens=12,
+                       length_penalty=length_penalty, early_stopping=early_stopping,
+                       num_return_sequences=4, end_ids=[tokenizer.eos_id],
+                       pad_id=tokenizer.eos_id)
+    assert mine.sequences.tolist() == theirs.sequences.tolist()
+    assert torch.equal(mine.scores, theirs.sequences_scores)
