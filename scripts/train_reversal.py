@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_model
 
 from tfbook.models.transformer import Transformer, TransformerConfig
@@ -43,8 +42,7 @@ def main(max_steps: int = 1500, target_loss: float = 1e-3) -> None:
     start = time.time()
     for step in range(max_steps):
         src, inp, tgt = batch(generator)
-        logits = model(src, inp).logits  # (B, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1))
+        loss = model(src, inp, targets=tgt).loss  # tfbook.losses.cross_entropy
         opt.zero_grad()
         loss.backward()
         opt.step()

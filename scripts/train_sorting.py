@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import save_model
 
 from tfbook.models.transformer import Transformer, TransformerConfig
@@ -46,8 +45,7 @@ def main(steps: int = 3000) -> None:
     start, smooth = time.time(), None
     for step in range(steps):
         src, inp, tgt = sorting_batch(generator)
-        logits = model(src, inp).logits  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten())
+        loss = model(src, inp, targets=tgt).loss  # tfbook.losses.cross_entropy
         opt.zero_grad()
         loss.backward()
         opt.step()
