@@ -133,11 +133,11 @@ def test_bad_inputs_name_expected_and_given():
     mha = make_mha()
     x = torch.randn(B, T, 32)
     with pytest.raises(TypeError, match="torch.bool.*got torch.int64"):
-        mha(x, mask=torch.ones(T, T, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"T=7, S=7\), got shape \(7, 5\)"):
-        mha(x, mask=torch.ones(T, S, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"T=7, S=7\), got shape \(7, 5\)"):
-        mha(x, mask=torch.ones(T, S, dtype=torch.bool), need_weights=False)
+        mha(x, mask=torch.ones(1, 1, T, T, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"T=7, S=7\), got shape \(1, 1, 7, 5\)"):
+        mha(x, mask=torch.ones(1, 1, T, S, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"T=7, S=7\), got shape \(1, 1, 7, 5\)"):
+        mha(x, mask=torch.ones(1, 1, T, S, dtype=torch.bool), need_weights=False)
     with pytest.raises(ValueError, match=r"expected x of shape \(B, T, 32\), got \(3, 7, 16\)"):
         mha(torch.randn(B, T, 16))
     q, k, v = qkv()
@@ -150,8 +150,8 @@ def test_mha_fully_masked_query_gives_bias_only(need_weights):
     # a query that may see no key gets a zero head output, so out_proj returns its bias
     mha = make_mha(seed=5)
     x = torch.randn(B, T, 32)
-    mask = torch.ones(T, T, dtype=torch.bool)
-    mask[0] = False
+    mask = torch.ones(1, 1, T, T, dtype=torch.bool)
+    mask[..., 0, :] = False
     out, _ = mha(x, mask=mask, need_weights=need_weights)
     assert torch.allclose(out[:, 0], mha.out_proj.bias.expand(B, -1))
 
@@ -164,3 +164,17 @@ def test_causal_cross_attention_to_a_longer_source_fused_equals_manual():
     fused, _ = mha(x, memory, causal=True, need_weights=False)
     assert (manual - fused).abs().max() <= 1e-6
     assert torch.all(w[:, :, 0, 6:] == 0) and torch.all(w[:, :, 2] > 0)
+
+
+def test_a_two_dimensional_mask_is_refused_as_ambiguous():
+    # with B == T a (B, S) key-padding mask and a (T, S) mask have the same shape: the module
+    # takes only 4-D masks, so neither can be silently read as the other
+    mha = make_mha()
+    x = torch.randn(4, 4, 32)  # B == T == 4
+    keep = torch.ones(4, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"4 dimensions \(B, H, T, S\).*got \(4, 4\)"):
+        mha(x, mask=keep)
+    lengths = torch.tensor([4, 3, 2, 1])
+    as_padding, _ = mha(x, mask=padding_mask(lengths, 4))  # (B, 1, 1, S): explicit
+    as_rows, _ = mha(x, mask=causal_mask(4)[None, None])  # (1, 1, T, S): explicit
+    assert not torch.allclose(as_padding, as_rows)

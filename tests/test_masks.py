@@ -62,3 +62,16 @@ def test_bad_masks_raise_with_expected_and_given():
         padding_mask(torch.ones(1, 2, 3))
     with pytest.raises(ValueError, match="1 <= T <= S, got T=4, S=2"):
         causal_mask(4, 2)
+
+
+def test_padding_mask_refuses_lengths_outside_the_sequence():
+    with pytest.raises(ValueError, match=r"lengths must lie in \[0, S=4\], got values in \[2, 5\]"):
+        padding_mask(torch.tensor([2, 5]), 4)
+    with pytest.raises(ValueError, match=r"got values in \[-1, 3\]"):
+        padding_mask(torch.tensor([-1, 3]), 4)
+    with pytest.raises(ValueError, match="only 0/1"):
+        padding_mask(torch.tensor([[1, 2, 0]]))
+    with pytest.raises(ValueError, match="at least one length"):
+        padding_mask(torch.tensor([], dtype=torch.long))
+    with pytest.raises(TypeError, match="expects a tensor, got list"):
+        padding_mask([3, 2])

@@ -164,7 +164,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, C) to source (B, S, C), or to x itself; -> (B, T, C), (B, H, T, S).
 
-        `mask` is boolean (True = may attend) and broadcasts to (B, H, T, S_total); `causal=True`
+        `mask` is boolean (True = may attend) of 4 dimensions that broadcast to (B, H, T,
+        S_total), e.g. `padding_mask(lengths)` (B, 1, 1, S) or `causal_mask(T)[None, None]`; `causal=True`
         adds the causal mask. `positions` (T,) or (B, T) are the index of each query (RoPE);
         they default to the cache's length onwards. With a `cache`, self-attention appends
         this step's keys and values and attends to all stored ones; cross-attention computes
@@ -177,6 +178,15 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         B, T, C = x.size()
+        if mask is not None and (not isinstance(mask, Tensor) or mask.dim() != 4):
+            # a 2-D mask could be (T, S) or a (B, S) key-padding mask: when B == T the two
+            # read alike, so the module takes only the explicit 4-D form
+            raise ValueError(
+                "mask must have 4 dimensions (B, H, T, S), each 1 or full size; build a "
+                "key-padding mask with tfbook.masks.padding_mask (-> (B, 1, 1, S)) and turn a "
+                f"(T, S) mask into (1, 1, T, S) with mask[None, None], got "
+                f"{tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__}"
+            )
         q = self.split_heads(self.q_proj(x))  # (B, H, T, D)
         if source is None:  # self-attention: this step's keys and values, then the cache's
             k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)

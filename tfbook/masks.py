@@ -34,14 +34,24 @@ def padding_mask(valid: Tensor, S: int | None = None) -> Tensor:
     `valid` is either the lengths of the B sequences, shape (B,), or a (B, S) tensor that is
     True / 1 at real tokens and False / 0 at padding (the `attention_mask` of Hugging Face).
     """
+    if not isinstance(valid, Tensor):
+        raise TypeError(f"padding_mask expects a tensor, got {type(valid).__name__}")
     if valid.dim() == 1:
         if valid.dtype.is_floating_point or valid.dtype == torch.bool:
             raise TypeError(f"lengths must be an integer tensor, got dtype {valid.dtype}")
+        if valid.numel() == 0:
+            raise ValueError("padding_mask expects at least one length, got an empty tensor")
         S = int(valid.max()) if S is None else S
+        low, high = int(valid.min()), int(valid.max())
+        if low < 0 or high > S:
+            raise ValueError(f"lengths must lie in [0, S={S}], got values in [{low}, {high}]")
         keep = torch.arange(S, device=valid.device) < valid[:, None]  # (B, S)
     elif valid.dim() == 2:
         if S is not None and valid.size(1) != S:
             raise ValueError(f"padding mask expects (B, S={S}), got shape {tuple(valid.shape)}")
+        if valid.dtype != torch.bool and not bool(((valid == 0) | (valid == 1)).all()):
+            raise ValueError("a (B, S) padding mask must hold only 0/1 or False/True, got "
+                             f"values {sorted(set(valid.flatten().tolist()))[:5]}")
         keep = valid.bool()  # (B, S)
     else:
         raise ValueError(
