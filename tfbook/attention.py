@@ -164,9 +164,9 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, C) to source (B, S, C), or to x itself; -> (B, T, C), (B, H, T, S).
 
-        `mask` is boolean (True = may attend) of 4 dimensions that broadcast to (B, H, T,
-        S_total), e.g. `padding_mask(lengths)` (B, 1, 1, S) or `causal_mask(T)[None, None]`; `causal=True`
-        adds the causal mask. `positions` (T,) or (B, T) are the index of each query (RoPE);
+        `mask` is boolean (True = may attend) of 4 dimensions that broadcast to
+        (B, H, T, S_total), e.g. `padding_mask(lengths)` (B, 1, 1, S) or
+        `causal_mask(T)[None, None]`; `causal=True` adds the causal mask. `positions` (T,) or (B, T) are the index of each query (RoPE);
         they default to the cache's length onwards. With a `cache`, self-attention appends
         this step's keys and values and attends to all stored ones; cross-attention computes
         the source's keys and values once and reuses them. The weights are None when
