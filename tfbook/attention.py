@@ -166,10 +166,11 @@ class MultiHeadAttention(nn.Module):
 
         `mask` is boolean (True = may attend) of 4 dimensions that broadcast to
         (B, H, T, S_total), e.g. `padding_mask(lengths)` (B, 1, 1, S) or
-        `causal_mask(T)[None, None]`; `causal=True` adds the causal mask. `positions` (T,) or
-        (B, T) are the index of each query (RoPE); they default to the cache's length onwards. With a `cache`, self-attention appends
-        this step's keys and values and attends to all stored ones; cross-attention computes
-        the source's keys and values once and reuses them. The weights are None when
+        `causal_mask(T)[None, None]`; `causal=True` adds the causal mask. `positions` (T,)
+        or (B, T) are the index of each query (RoPE); they default to the cache's length
+        onwards. With a `cache`, self-attention appends this step's keys and values and
+        attends to all stored ones; cross-attention computes the source's keys and values
+        once and reuses them. The weights are None when
         `need_weights=False`.
         """
         if x.dim() != 3 or x.size(-1) != self.n_heads * self.head_size:
