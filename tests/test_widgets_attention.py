@@ -116,3 +116,26 @@ def test_one_layer_shows_no_layer_slider(browser, tmp_path: Path) -> None:
         page.wait_for_timeout(50)
         assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_bad_weights_are_refused_before_the_page():
+    import math
+
+    import pytest
+    import torch
+
+    from tfbook.widgets.attention import AttentionExample, AttentionMap
+
+    good = torch.full((2, 2), 0.5)
+    for weights, error, message in [
+        (torch.tensor([[0.5, math.nan], [0.5, 0.5]]), ValueError, "NaN or infinite"),
+        (torch.tensor([[0.5, math.inf], [0.5, 0.5]]), ValueError, "NaN or infinite"),
+        ([[0.5, 0.5], [1.0]], ValueError, "rectangular array"),
+        (torch.full((2, 3), 0.3), ValueError, r"\(T, S\) = \(2, 3\)"),
+    ]:
+        with pytest.raises(error, match=message):
+            AttentionMap(AttentionExample("bad", ["a", "b"], weights))
+    with pytest.raises(TypeError, match="tokens must be a list of strings"):
+        AttentionMap(AttentionExample("bad", ["a", 2], good))
+    with pytest.raises(TypeError, match="tokens must be a list of strings"):
+        AttentionMap(AttentionExample("bad", "ab", good))

@@ -31,7 +31,14 @@ class AttentionExample:
 
     def as_4d(self) -> torch.Tensor:
         """The weights as (L, H, T, S), checked against the tokens."""
-        w = torch.as_tensor(self.weights).detach().float().cpu()
+        for what, tokens in (("tokens", self.tokens), ("source_tokens", self.source_tokens)):
+            if tokens is not None and (isinstance(tokens, str) or not all(
+                    isinstance(t, str) for t in tokens)):
+                raise TypeError(f"{what} must be a list of strings, got {tokens!r:.80}")
+        try:
+            w = torch.as_tensor(self.weights).detach().float().cpu()
+        except (TypeError, ValueError, RuntimeError) as error:  # ragged lists, strings, ...
+            raise ValueError(f"weights must be a rectangular array of numbers: {error}") from None
         while w.dim() < 4:
             w = w.unsqueeze(0)  # (T, S) -> (1, T, S) -> (1, 1, T, S)
         if w.dim() != 4:
@@ -41,6 +48,8 @@ class AttentionExample:
         if w.shape[-2:] != (len(self.tokens), len(keys)):
             raise ValueError(f"weights end in (T, S) = {tuple(w.shape[-2:])}, but there are "
                              f"{len(self.tokens)} query tokens and {len(keys)} key tokens")
+        if not torch.isfinite(w).all():
+            raise ValueError("weights must be finite probabilities, got NaN or infinite values")
         if w.min() < 0 or w.max() > 1 + 1e-4:
             raise ValueError("weights must be probabilities in [0, 1] (apply the softmax first)")
         return w
