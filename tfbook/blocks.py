@@ -43,7 +43,7 @@ class BlockConfig:
     activation: str = "relu"  # "relu", "gelu" (erf form), "gelu_tanh" or "silu"
     norm_first: bool = False  # False: post-LN (Vaswani, BERT); True: pre-LN (GPT-2, Llama)
     norm_eps: float = 1e-5  # added to the variance (or mean square) inside the norm
-    bias: bool = True  # biases in the linear layers
+    bias: bool = True  # biases in the linear layers and the LayerNorms
     # torch's fused kernels for attention (when its weights are not asked for), LayerNorm
     # and the activation: the same maths, tested equal, just faster; False runs our own code
     fused: bool = True
@@ -96,7 +96,7 @@ class BlockConfig:
 
     def make_norm(self) -> nn.Module:
         """One normalisation layer of this config."""
-        return make_norm(self.norm, self.d_model, self.norm_eps, self.fused)
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.fused, self.bias)
 
 
 SubLayer = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # h -> (output, attention weights)

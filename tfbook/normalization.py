@@ -17,12 +17,13 @@ from torch import Tensor, nn
 NORMS = ("layer", "rms")
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5) -> Tensor:
     """gamma * (x - mu) / sqrt(var + eps) + beta over the last dimension (Ba et al., eq. 4)."""
     mu = x.mean(dim=-1, keepdim=True)  # (..., 1)
     var = (x - mu).pow(2).mean(dim=-1, keepdim=True)  # (..., 1), the biased variance
     x_hat = (x - mu) * torch.rsqrt(var + eps)  # (..., C): zero mean, unit variance
-    return x_hat * weight + bias  # learned per-feature scale and shift
+    y = x_hat * weight  # learned per-feature scale
+    return y if bias is None else y + bias  # and shift
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
@@ -41,14 +42,17 @@ class LayerNorm(nn.Module):
 
     fused=True computes the same function with torch's single kernel (F.layer_norm), which
     is faster and keeps less for the backward pass; the tests check the two agree.
+    bias=False drops beta (as `nn.LayerNorm(bias=False)` and blocks without biases do).
     """
 
-    def __init__(self, d_model: int, eps: float = 1e-5, fused: bool = False) -> None:
+    def __init__(
+        self, d_model: int, eps: float = 1e-5, fused: bool = False, bias: bool = True
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.fused = fused
         self.weight = nn.Parameter(torch.ones(d_model))  # gamma
-        self.bias = nn.Parameter(torch.zeros(d_model))  # beta
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # beta
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C), each position normalised over C."""
@@ -70,10 +74,12 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def make_norm(kind: str, d_model: int, eps: float, fused: bool = False) -> nn.Module:
-    """The normalisation a config names: 'layer' (LayerNorm) or 'rms' (RMSNorm)."""
+def make_norm(
+    kind: str, d_model: int, eps: float, fused: bool = False, bias: bool = True
+) -> nn.Module:
+    """The normalisation a config names: 'layer' (LayerNorm) or 'rms' (RMSNorm, no bias)."""
     if kind == "layer":
-        return LayerNorm(d_model, eps, fused)
+        return LayerNorm(d_model, eps, fused, bias)
     if kind == "rms":
         return RMSNorm(d_model, eps)
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")

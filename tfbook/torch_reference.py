@@ -28,9 +28,12 @@ def copy_linear(dst: nn.Linear, src: nn.Linear) -> None:
 
 @torch.no_grad()
 def copy_norm(dst: nn.LayerNorm, src: LayerNorm) -> None:
-    """nn.LayerNorm <- tfbook LayerNorm."""
+    """nn.LayerNorm <- tfbook LayerNorm (with or without its bias)."""
+    if (dst.bias is None) != (src.bias is None):
+        raise ValueError("the two LayerNorms must both have a bias or both have none")
     dst.weight.copy_(src.weight)
-    dst.bias.copy_(src.bias)
+    if src.bias is not None:
+        dst.bias.copy_(src.bias)
 
 
 @torch.no_grad()

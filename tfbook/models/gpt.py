@@ -40,7 +40,7 @@ class GPTConfig:
     d_ff: int | None = None  # F, hidden width of the FFN; None = 4C (GPT-2)
     dropout: float = 0.0  # dropout on embeddings, attention weights and sub-layer outputs
     activation: str = "gelu_tanh"  # GPT-2 uses the tanh approximation of GELU
-    bias: bool = True  # biases in linear layers, as in GPT-2
+    bias: bool = True  # biases in linear layers and LayerNorms, as in GPT-2
     tie_weights: bool = True  # output layer shares the token embedding matrix
     fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
     norm: str = "layer"  # "layer" (GPT-2) or "rms" (Llama)
