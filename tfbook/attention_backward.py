@@ -1,4 +1,4 @@
-"""The backward pass of attention and of LayerNorm, derived by hand (seed 000, "Backprop").
+"""The backward pass of attention and of LayerNorm, derived by hand with the chain rule.
 
 Forward, for one head:   S = Q K^T / sqrt(D),   A = softmax(S),   Y = A V
 Backward, given G = dL/dY:

@@ -4,7 +4,8 @@ Post-LN (Vaswani et al. 2017, BERT):  x = Norm(x + Sublayer(x))
 Pre-LN  (GPT-2, Llama, most models since):   x = x + Sublayer(Norm(x))
 
 Pre-LN leaves the residual stream untouched by normalisation, so the gradient reaches early
-layers through a plain sum; deep post-LN stacks need learning-rate warmup to train (seed 003).
+layers through a plain sum; deep post-LN stacks need learning-rate warmup to train
+(Xiong et al. 2020, "On layer normalization in the Transformer architecture").
 
 Two blocks serve every model of the book, chosen by configuration, not by subclassing:
 
@@ -105,7 +106,7 @@ SubLayer = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # h -> (output, att
 def residual(
     x: Tensor, sublayer: SubLayer, norm: nn.Module, dropout: nn.Module, norm_first: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """One sub-layer on the residual stream, post-LN or pre-LN (seed 003)."""
+    """One sub-layer on the residual stream, post-LN or pre-LN (Xiong et al. 2020, figure 1)."""
     if norm_first:
         y, weights = sublayer(norm(x))
         return x + dropout(y), weights  # pre-LN: the stream itself is never normalised

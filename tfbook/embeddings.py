@@ -1,6 +1,6 @@
 """Token embeddings: integer ids -> vectors by looking up rows of a (V, C) table.
 
-    X = [E_{t_1}; ...; E_{t_T}] = onehot(t) @ E                    (seed 000, token embedding)
+    X = [E_{t_1}; ...; E_{t_T}] = onehot(t) @ E                    (Vaswani et al., 3.4)
 
 Shape legend: B batch, T sequence, C model width, V vocab.
 """

@@ -16,7 +16,7 @@ from torch import Tensor
 
 
 def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None) -> Tensor:
-    """Lower-triangular (T, S) mask: query i may see keys j <= i (seed 000, masked attention).
+    """Lower-triangular (T, S) mask: query i may see keys j <= i (Vaswani et al., 3.2.3).
 
     With S > T the T queries are taken to be the *last* T positions of the S keys, which is
     what a decoder needs once earlier keys are cached.
@@ -29,7 +29,7 @@ def causal_mask(T: int, S: int | None = None, device: torch.device | str | None 
 
 
 def padding_mask(valid: Tensor, S: int | None = None) -> Tensor:
-    """(B, 1, 1, S) mask hiding padded key positions (seed 004, section 10.1).
+    """(B, 1, 1, S) mask hiding padded key positions, so that no query attends to padding.
 
     `valid` is either the lengths of the B sequences, shape (B,), or a (B, S) tensor that is
     True / 1 at real tokens and False / 0 at padding (the `attention_mask` of Hugging Face).
