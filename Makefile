@@ -12,7 +12,7 @@ PY_STAMP := $(VENV)/.tfbook-installed
 JS_STAMP := node_modules/.tfbook-installed
 PY_REQS := requirements.txt requirements-test.txt requirements-nodeps.txt constraints.txt pyproject.toml
 
-.PHONY: setup book test lab bench clean check-tools vendor
+.PHONY: setup book test lab bench clean check-tools check-chromium vendor
 
 # On a loaded machine torch's OpenMP threads spin while they wait for work and can run 15-20x
 # slower (a run here hung for 40 minutes): make them sleep instead, in the book build, the
@@ -60,8 +60,15 @@ book: setup vendor
 	@echo
 	@echo "The book is built: open $(CURDIR)/_build/html/index.html"
 
-test: setup vendor
+test: setup vendor check-chromium
 	$(BIN)/python -m pytest
+
+# The browser tests open the built pages in Debian's Chromium (Playwright drives it).
+check-chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "error: the browser tests need Chromium, which was not found."; \
+	  echo "  Debian/Ubuntu: apt-get install chromium   (.ci/run installs it when missing)"; \
+	  exit 1; }
 
 lab: setup
 	$(BIN)/jupyter lab --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR)/book \
