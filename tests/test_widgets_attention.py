@@ -111,10 +111,30 @@ def test_one_layer_shows_no_layer_slider(browser, tmp_path: Path) -> None:
         assert root.locator("input[type=range]").get_attribute("aria-label") == "head"
         assert root.locator("input[type=text]").get_attribute("placeholder") == "type digits"
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
+        text_before = root.evaluate("(r) => r.innerText")
         root.locator("input[type=range]").focus()
         page.keyboard.press("ArrowRight")
-        page.wait_for_timeout(50)
+        page.wait_for_function("(b) => document.querySelector('.tfw').innerText !== b",
+                               arg=text_before)
         assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_sliders_keep_the_keyboard_through_redraws(browser, tmp_path: Path) -> None:
+    """Several arrow-key presses in a row on the layer and head sliders: each one moves."""
+    m = AttentionMap(AttentionExample("grid", list("abcd"), random_weights(4, 5, 4, 4)))
+    with static_widget(browser, m, ASSETS, tmp_path) as (page, root, log):
+        for label, last in (("layer", 3), ("head", 4)):
+            box = root.locator(f"input[aria-label={label}]")
+            box.focus()
+            for expected in range(1, last + 1):
+                page.keyboard.press("ArrowRight")
+                page.wait_for_function(
+                    "([l, v]) => document.querySelector(`input[aria-label=${l}]`).value == v "
+                    "&& document.activeElement === document.querySelector("
+                    "`input[aria-label=${l}]`)", arg=[label, expected])
+            caption = root.locator(".tfw-note").first.inner_text()
+            assert f"{label} {last}" in caption
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log
 
 

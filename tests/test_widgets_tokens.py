@@ -147,3 +147,18 @@ def test_one_example_the_keyboard_walks_the_tokens(browser, small: BPETokenizer,
         assert f"small: token 2 of {len(small.encode('one example only'))}, id {second}" in (
             root.locator(".tfw-details").inner_text())
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_the_example_slider_keeps_the_keyboard(browser, small: BPETokenizer,
+                                               tmp_path: Path) -> None:
+    """Three arrow-key presses in a row on the example slider: each one moves it."""
+    view = TokenView({"small": small}, ["first", "second", "third", "fourth"])
+    with static_widget(browser, view, ASSETS, tmp_path) as (page, root, log):
+        root.locator("input[aria-label=example]").focus()
+        for expected in (1, 2, 3):
+            page.keyboard.press("ArrowRight")
+            page.wait_for_function(
+                "(v) => document.querySelector('input[aria-label=example]').value == v && "
+                "document.activeElement === document.querySelector('input[aria-label=example]')",
+                arg=expected)
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log

@@ -152,8 +152,8 @@ function render({ model, el: element }) {
     picker.value = String(c.e);
     picker.style.display = examples.length > 1 ? "" : "none";
     // a slider only where there is a choice (one layer: no layer slider)
-    controls.replaceChildren(picker, ...(c.L > 1 ? [layerSlider.node] : []),
-                             ...(c.H > 1 ? [headSlider.node] : []));
+    setChildren(controls, [picker, ...(c.L > 1 ? [layerSlider.node] : []),
+                           ...(c.H > 1 ? [headSlider.node] : [])]);
     layerSlider.input.max = String(c.L - 1);
     headSlider.input.max = String(c.H - 1);
     layerSlider.set(c.layer);

@@ -49,6 +49,17 @@ function sequentialColor(v, vmax) {
   return `rgb(${Math.round(255 - 215 * t)},${Math.round(255 - 155 * t)},${Math.round(255 - 55 * t)})`;
 }
 
+/**
+ * Make `children` the children of `parent`, touching the DOM only if they differ. Moving a
+ * node (even to where it already is) takes the keyboard focus away from it, so a redraw
+ * must not re-insert the slider the reader is pressing arrow keys on.
+ */
+function setChildren(parent, children) {
+  const same = parent.children.length === children.length &&
+    children.every((child, i) => parent.children[i] === child);
+  if (!same) parent.replaceChildren(...children);
+}
+
 /** A labelled range slider; onInput(value) is called on every change (mouse or keyboard). */
 function slider({ label, min, max, step = 1, value, onInput }) {
   const output = el("span", { class: "tfw-value" }, String(value));

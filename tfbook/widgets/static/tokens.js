@@ -69,7 +69,7 @@ function render({ model, el: element }) {
     const e = Math.max(0, Math.min(texts.length - 1, model.get("example")));
     pickExample.input.max = String(texts.length - 1);
     pickExample.set(e);
-    controls.replaceChildren(...(texts.length > 1 ? [pickExample.node] : []), pickToken.node);
+    setChildren(controls, [...(texts.length > 1 ? [pickExample.node] : []), pickToken.node]);
     textBox.textContent = `example ${e + 1} of ${texts.length}: ${showWhitespace(texts[e])}`;
     errorBox.textContent = model.get("error");
     const cells = [];
