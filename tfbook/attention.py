@@ -23,7 +23,13 @@ from torch import Tensor, nn
 
 from tfbook.cache import LayerCache
 from tfbook.masks import causal_mask, check_mask, combine_masks
-from tfbook.rope import CONVENTIONS, PRECISIONS, apply_rope
+from tfbook.rope import (
+    CONVENTIONS,
+    PRECISIONS,
+    check_rope_positions,
+    rope_cos_sin,
+    rotate_planes,
+)
 
 
 def scaled_dot_product_attention(
@@ -70,25 +76,33 @@ def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
     dropout_p: float = 0.0, need_weights: bool = False, fused: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """The one place that picks the attention kernel: q (B, H, T, D), k, v (B, H, S, D).
+    """The one place that picks the attention kernel: q (B, H, T, D), k, v (B, H_kv, S, D).
 
-    Our `scaled_dot_product_attention` when the weights are wanted (or `fused` is off), else
-    torch's fused kernel, which computes the same function without keeping the (T, S) weights.
-    `causal` puts the T queries at the last T of the S key positions (as with a cache); the
-    causal mask is built only when it hides something (T > 1).
+    Each of the H_kv key/value heads serves H / H_kv query heads (grouped-query attention).
+    Our `scaled_dot_product_attention`, on keys and values repeated to H heads, when the
+    weights are wanted (or `fused` is off); else torch's fused kernel, which computes the same
+    function without keeping the (T, S) weights and shares the key/value heads without
+    copying them (enable_gqa). `causal` puts the T queries at the last T of the S key
+    positions (as with a cache); the causal mask is built only when it hides something (T > 1).
     -> out (B, H, T, D) and weights (B, H, T, S) or None.
     """
-    T, S = q.size(-2), k.size(-2)
+    H, T, S = q.size(1), q.size(-2), k.size(-2)
     causal = causal and T > 1  # a single (last) query may see every key: nothing to hide
     if mask is not None:
         check_mask(mask, T, S)
     if fused and not need_weights:
+        grouped = {"enable_gqa": True} if k.size(1) != H else {}
         if causal and mask is None and S == T:
             # a plain square causal mask: the kernel's is_causal flag skips masked blocks
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True,
+                                                 **grouped)
             return out, None
         full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p), None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
+                                             **grouped)
+        return out, None
+    n_rep = H // k.size(1)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D): shared across groups
     full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
     out, weights = scaled_dot_product_attention(q, k, v, full, dropout_p)
     return out, (weights if need_weights else None)
@@ -196,9 +210,11 @@ class MultiHeadAttention(nn.Module):
                 if positions is None:
                     start = 0 if cache is None else cache.length
                     positions = torch.arange(start, start + T, device=x.device)  # (T,)
-                rope = (self.rope_base, self.rope_convention, self.rope_precision)
-                q = apply_rope(q, positions, *rope)  # (B, H, T, D), rotated by position
-                k = apply_rope(k, positions, *rope)  # (B, H_kv, T, D)
+                positions = check_rope_positions(q, positions)
+                cos, sin = rope_cos_sin(positions, self.head_size, self.rope_base,
+                                        self.rope_precision, q.dtype)  # one table for q and k
+                q = rotate_planes(q, cos, sin, self.rope_convention)  # (B, H, T, D)
+                k = rotate_planes(k, cos, sin, self.rope_convention)  # (B, H_kv, T, D)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, H_kv, S, D): every position so far
         elif cache is not None and cache.cross is not None:
@@ -213,8 +229,6 @@ class MultiHeadAttention(nn.Module):
             v = self.split_heads(self.v_proj(source), self.n_kv_heads)  # (B, H_kv, S, D)
             if cache is not None:
                 cache.cross = (k, v)
-        n_rep = self.n_heads // self.n_kv_heads
-        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D): shared across groups
         p = self.dropout if self.training else 0.0
         y, weights = attend(q, k, v, mask, causal, p, need_weights, self.fused)
         # y (B, H, T, D); weights (B, H, T, S) or None

@@ -15,6 +15,8 @@ They are the same operation up to a fixed permutation of the features: `to_half_
 moves even features to the front half and odd ones to the back half.
 """
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -22,12 +24,8 @@ CONVENTIONS = ("interleaved", "half")
 PRECISIONS = ("float64", "float32")  # how the angles pos * theta_n are computed
 
 
-def rope_frequencies(D: int, base: float = 10000.0, precision: str = "float64") -> Tensor:
-    """theta_n = base^(-2n / D) for the D/2 planes, fastest first: (D/2,).
-
-    precision="float32" computes 1 / base^(2n / D) in float32 exactly as Hugging Face's Llama
-    does, so that a model can reproduce its outputs bit for bit; "float64" is more exact.
-    """
+@functools.lru_cache(maxsize=64)
+def _frequencies(D: int, base: float, precision: str) -> Tensor:
     if D % 2 != 0:
         raise ValueError(f"RoPE needs an even head size D, got D={D}")
     if precision == "float32":
@@ -35,6 +33,16 @@ def rope_frequencies(D: int, base: float = 10000.0, precision: str = "float64") 
     if precision != "float64":
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
+
+
+def rope_frequencies(D: int, base: float = 10000.0, precision: str = "float64") -> Tensor:
+    """theta_n = base^(-2n / D) for the D/2 planes, fastest first: (D/2,).
+
+    precision="float32" computes 1 / base^(2n / D) in float32 exactly as Hugging Face's Llama
+    does, so that a model can reproduce its outputs bit for bit; "float64" is more exact.
+    (They are constants: computed once per (D, base, precision) and remembered.)
+    """
+    return _frequencies(D, float(base), precision).clone()
 
 
 def rope_angles(
@@ -46,7 +54,53 @@ def rope_angles(
     of float32 numbers there); float64 keeps it to about 1e-12.
     """
     dtype = torch.float32 if precision == "float32" else torch.float64
-    return positions.to(dtype)[:, None] * rope_frequencies(D, base, precision)  # (T, D/2)
+    theta = _frequencies(D, float(base), precision)  # (D/2,)
+    return positions.to(dtype)[:, None] * theta.to(positions.device)  # (T, D/2)
+
+
+def check_rope_positions(x: Tensor, positions: Tensor | None) -> Tensor:
+    """positions (T,) or, for x (B, H, T, D), (B, T); None means 0 .. T-1."""
+    T = x.size(-2)
+    if positions is None:
+        return torch.arange(T, device=x.device)
+    per_row = positions.dim() == 2 and x.dim() == 4 and positions.shape == (x.size(0), T)
+    if positions.shape != (T,) and not per_row:
+        per_row_shape = f" or (B, T) = ({x.size(0)}, {T})" if x.dim() == 4 else ""
+        raise ValueError(
+            f"positions must have shape (T,) = ({T},){per_row_shape}, got "
+            f"{tuple(positions.shape)} for x of shape {tuple(x.shape)}"
+        )
+    return positions
+
+
+def rope_cos_sin(
+    positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of pos * theta_n: (T, D/2) each, or (B, 1, T, D/2) for (B, T) positions.
+
+    Computed once per attention call and used for both q and k.
+    """
+    angles = rope_angles(positions.reshape(-1), D, base, precision)
+    angles = angles.view(*positions.shape, D // 2)  # (T, D/2) or (B, T, D/2)
+    if positions.dim() == 2:
+        angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+
+def rotate_planes(x: Tensor, cos: Tensor, sin: Tensor, convention: str = "interleaved") -> Tensor:
+    """Rotate each plane (a, b) of x (..., T, D): [a'; b'] = [[cos, -sin], [sin, cos]] [a; b]."""
+    D = x.size(-1)
+    if convention == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: first and second coordinate
+    else:
+        a, b = x[..., : D // 2], x[..., D // 2 :]  # (..., T, D/2) each
+    # a counter-clockwise rotation of every plane by its own angle
+    a_rot = a * cos - b * sin
+    b_rot = a * sin + b * cos
+    if convention == "interleaved":
+        return torch.stack((a_rot, b_rot), dim=-1).flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
+    return torch.cat((a_rot, b_rot), dim=-1)  # (..., T, D)
 
 
 def apply_rope(
@@ -63,32 +117,9 @@ def apply_rope(
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
-    T, D = x.shape[-2:]
-    if positions is None:
-        positions = torch.arange(T, device=x.device)
-    per_row = positions.dim() == 2 and x.dim() == 4 and positions.shape == (x.size(0), T)
-    if positions.shape != (T,) and not per_row:
-        per_row_shape = f" or (B, T) = ({x.size(0)}, {T})" if x.dim() == 4 else ""
-        raise ValueError(
-            f"positions must have shape (T,) = ({T},){per_row_shape}, got "
-            f"{tuple(positions.shape)} for x of shape {tuple(x.shape)}"
-        )
-    angles = rope_angles(positions.reshape(-1), D, base, precision)
-    angles = angles.view(*positions.shape, D // 2)  # (T, D/2) or (B, T, D/2)
-    if per_row:
-        angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
-    cos = torch.cos(angles).to(x.dtype)  # (T, D/2) or (B, 1, T, D/2)
-    sin = torch.sin(angles).to(x.dtype)
-    if convention == "interleaved":
-        a, b = x[..., 0::2], x[..., 1::2]  # (..., T, D/2) each: first and second coordinate
-    else:
-        a, b = x[..., : D // 2], x[..., D // 2 :]  # (..., T, D/2) each
-    # [a'; b'] = [[cos, -sin], [sin, cos]] [a; b]: a counter-clockwise rotation per plane
-    a_rot = a * cos - b * sin
-    b_rot = a * sin + b * cos
-    if convention == "interleaved":
-        return torch.stack((a_rot, b_rot), dim=-1).flatten(-2)  # (..., T, D/2, 2) -> (..., T, D)
-    return torch.cat((a_rot, b_rot), dim=-1)  # (..., T, D)
+    positions = check_rope_positions(x, positions)
+    cos, sin = rope_cos_sin(positions, x.size(-1), base, precision, x.dtype)
+    return rotate_planes(x, cos, sin, convention)
 
 
 def half_split_permutation(D: int) -> Tensor:
