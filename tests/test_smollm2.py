@@ -242,3 +242,9 @@ def test_hf_reference_model_answers_a_question(hf_model):
 def test_docstring_examples():
     result = doctest.testmod(smollm2)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_the_preset_matches_the_file(gguf_file):
+    from tfbook.models.llama import llama_config, smollm2_135m
+
+    assert llama_config(**smollm2_hparams(gguf_file)) == smollm2_135m()

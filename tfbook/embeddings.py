@@ -40,9 +40,9 @@ class TokenEmbedding(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, scale: bool = False) -> None:
         super().__init__()
         self.vocab_size = vocab_size
-        # Vaswani et al. multiply by sqrt(d_model) so that the embeddings, initialised (and
-        # tied to an output layer) with entries of size ~1/sqrt(C), are not drowned by the
-        # positional encoding, whose entries are of size ~1.
+        # Vaswani et al. multiply the embeddings by sqrt(d_model) and give no reason; a common
+        # reading is that it keeps small initial embeddings from being drowned by the
+        # positional encoding, whose entries are of size ~1 (the embeddings chapter tests it).
         self.scale = math.sqrt(d_model) if scale else 1.0
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * 0.02)  # E: (V, C)
 

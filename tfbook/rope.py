@@ -148,8 +148,8 @@ def relative_scores(
     """q . k after RoPE with the key `offset` positions after the query: (D,), (D,) -> (N,).
 
     Since the score depends only on the offset, the query can sit at position 0 (where it
-    is not rotated) and the key at position `offset`. With q = k = ones this is the "long-term
-    decay" curve of the RoPE paper (section 3.4.3).
+    is not rotated) and the key at position `offset`. (The RoPE paper's long-term decay,
+    section 3.4.3, is a bound on such scores over all q and k, not one of these curves.)
     """
     keys = k.expand(offsets.numel(), -1)  # (N, D): the same key at N positions
     return apply_rope(keys, offsets, base, convention) @ q  # (N, D) @ (D,) -> (N,)
