@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib.util
 import json
 import shutil
 import threading
@@ -106,19 +107,33 @@ WIDGET_SNAPSHOT_JS = """(root) => {
 }"""
 
 
+SITE_EXTENSION = Path(__file__).resolve().parent.parent / "book" / "_ext" / "tfbook_site.py"
+
+
+@functools.cache
+def site_extension():
+    """The book's Sphinx extension (book/_ext/tfbook_site.py), which escapes the widget state."""
+    spec = importlib.util.spec_from_file_location("tfbook_site", SITE_EXTENSION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -> Path:
     """Write a standalone page showing `widget` from its saved state, as the book does.
 
     The page loads the same front-end files as the built book (require.js, the widget
-    manager, anywidget), from `assets` copied next to it.
+    manager, anywidget), from `assets` copied next to it. The state and the view are escaped
+    exactly as in the built book: the state by the book's extension, the view by myst-nb.
     """
     from ipywidgets.embed import embed_data
+    from myst_nb.core.render import sanitize_script_content
 
     data = embed_data(views=[widget], drop_defaults=False)
     if not (folder / "assets").exists():
         shutil.copytree(assets, folder / "assets")
-    state = json.dumps(data["manager_state"]).replace("</", "<\\/")
-    view = json.dumps(data["view_specs"][0])
+    state = site_extension().escape_widget_state(data["manager_state"])
+    view = sanitize_script_content(json.dumps(data["view_specs"][0]))
     page = f"""<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(name)}</title>
 <script src="assets/require.min.js"></script>
 <script src="assets/require-config.js"></script>

@@ -1,15 +1,42 @@
-"""A small Sphinx extension for the tfbook site: nothing on a page may come from a CDN.
+r"""A small Sphinx extension for the tfbook site: nothing on a page comes from a CDN, and no
+text inside a widget's saved state can escape its <script> element.
 
 Jupyter Book always loads sphinx-thebe, whose configuration script (declared twice on each
 page, a JavaScript error) points at a CDN copy of thebe. The book does not offer thebe's
 "live code" (it runs offline; chapters run in Jupyter instead), so its scripts are dropped.
+
+myst-nb writes the widgets' saved state into a
+``<script type="application/vnd.jupyter.widget-state+json">`` element and escapes only the
+exact lowercase ``</script>``. Tokens, sentences and labels are data the reader (or a
+model) chose: ``</SCRIPT><img src=x onerror=...>`` or ``</script >`` would end the element
+and run as part of the page, and ``<!--<script>`` would make the HTML parser run past its
+end and stop every widget on the page. The state is therefore written again, the way
+ipywidgets' own embedder escapes it (``ipywidgets.embed.escape_script``), but stricter:
+every ``<`` becomes the JSON escape ``\u003c``, which JSON.parse reads back as ``<``.
+With no ``<`` left, the HTML parser cannot end, open or comment anything inside the element.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+
+WIDGET_STATE_TYPE = "application/vnd.jupyter.widget-state+json"
+
+
+def escape_widget_state(state: Any) -> str:
+    r"""`state` as JSON that cannot end, open or comment out its <script>: "<" as \u003c.
+
+    Only strings of JSON can hold a "<", and "\u003c" is the same character there; the
+    default ensure_ascii also writes U+2028 and U+2029 as escapes.
+
+    >>> escape_widget_state({"t": "</SCRIPT><!--"})
+    '{"t": "\\u003c/SCRIPT>\\u003c!--"}'
+    """
+    return json.dumps(state).replace("<", "\\u003c")
 
 
 def _is_thebe(script: Any) -> bool:
@@ -17,11 +44,43 @@ def _is_thebe(script: Any) -> bool:
     return "thebe" in text.lower()
 
 
+def _is_widget_state(script: Any) -> bool:
+    return getattr(script, "attributes", {}).get("type") == WIDGET_STATE_TYPE
+
+
 def drop_thebe(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     if "script_files" in context:
         context["script_files"] = [s for s in context["script_files"] if not _is_thebe(s)]
 
 
+def escape_widget_states(app: Sphinx, pagename: str, templatename: str, context: dict,
+                         doctree) -> None:
+    """Write each widget-state script of the page again with `escape_widget_state`.
+
+    This handler runs after myst-nb's own (which adds the state to the page's scripts), on
+    every page, so it also covers states kept from an earlier build's environment. It parses
+    myst-nb's JSON back rather than patching myst-nb's renderer: the state's text is the
+    same, only its escaping changes. A state that is not JSON stops the build.
+    """
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    rewritten = []
+    for script in scripts:
+        if _is_widget_state(script):
+            try:
+                state = json.loads(script.attributes.get("body", ""))
+            except json.JSONDecodeError as error:
+                raise ExtensionError(f"tfbook_site: the widget state of page {pagename!r} is "
+                                     f"not JSON ({error}); cannot escape it safely") from None
+            attributes = {**script.attributes, "body": escape_widget_state(state)}
+            script = type(script)(script.filename, priority=script.priority, **attributes)
+        rewritten.append(script)
+    context["script_files"] = rewritten
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("html-page-context", drop_thebe, priority=900)
+    # myst-nb adds the widget state at the default priority (500): escape it after that.
+    app.connect("html-page-context", escape_widget_states, priority=950)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
