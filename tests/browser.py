@@ -162,3 +162,18 @@ def static_widget(browser, widget, assets: Path, folder: Path, name: str = "widg
             yield page, root, log
         finally:
             page.close()
+
+
+def wait_for_new_snapshot(root, before: str, timeout: float = 60000) -> str:
+    """Wait (for a condition, not a time) until the widget under `root` draws something other
+    than the snapshot `before`; returns the new snapshot."""
+    root.page.wait_for_function(f"([r, b]) => ({WIDGET_SNAPSHOT_JS})(r) !== b",
+                                arg=[root.element_handle(), before], timeout=timeout)
+    return root.evaluate(WIDGET_SNAPSHOT_JS)
+
+
+def wait_for_new_text(locator, before: str, timeout: float = 60000) -> str:
+    """Wait until the element's text differs from `before`; returns the new text."""
+    locator.page.wait_for_function("([e, t]) => e.innerText !== t",
+                                   arg=[locator.element_handle(), before], timeout=timeout)
+    return locator.inner_text()

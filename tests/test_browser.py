@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, watch
+from tests.browser import WIDGET_SNAPSHOT_JS, serve, wait_for_new_snapshot, watch
 from tests.conftest import BUILD, TOC
 
 SCREENSHOTS = BUILD / "screenshots"
@@ -40,19 +40,16 @@ def interact_and_check(page, root, name: str) -> None:
         slider.focus()
         at_max = slider.evaluate("(s) => Number(s.value) >= Number(s.max)")
         page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
-        page.wait_for_timeout(100)
-        after_key = snapshot(root)
-        assert after_key != before, f"{name}: pressing an arrow key on the slider changed nothing"
-        before = after_key
+        # fails (times out) if pressing an arrow key on the slider changes nothing
+        before = wait_for_new_snapshot(root, before)
     canvas = root.locator("canvas").first
     if canvas.count():
         box = canvas.bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 3)
-        page.wait_for_timeout(100)
         first = snapshot(root)
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] - 3)
-        page.wait_for_timeout(100)
-        assert snapshot(root) not in (first, before), f"{name}: moving the mouse changed nothing"
+        # fails (times out) if moving the mouse over the map changes nothing
+        assert wait_for_new_snapshot(root, first) != before, f"{name}: the mouse changed nothing"
 
 
 @pytest.mark.parametrize("page_path", built_pages())
@@ -82,7 +79,7 @@ def test_page_offline_typeset_and_interactive(browser, site: str, book_html: Pat
             root.scroll_into_view_if_needed()
             interact_and_check(page, root, f"{page_path} widget {i}")
 
-    page.wait_for_timeout(300)
+    page.evaluate("document.fonts.ready")  # the screenshot shows the final fonts
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + ".png"),
                     full_page=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget, wait_for_new_snapshot
 from tests.conftest import ASSETS
 from tfbook.positional import sinusoidal_encoding
 from tfbook.widgets import PositionalEncodingExplorer
@@ -70,8 +70,7 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
         root.locator("input[type=range]").focus()
         page.keyboard.press("ArrowRight")  # to position 2, the hostile label
-        page.wait_for_timeout(100)
-        assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
+        wait_for_new_snapshot(root, before)
         # displayed literally (with its spaces made visible)
         assert HOSTILE.replace(" ", "␣") in root.inner_text()
         assert root.locator("img").count() == 0  # and never parsed as HTML

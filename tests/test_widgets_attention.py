@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests.browser import WIDGET_SNAPSHOT_JS, serve, static_widget, watch, widget_page
+from tests.browser import (
+    WIDGET_SNAPSHOT_JS,
+    serve,
+    static_widget,
+    wait_for_new_snapshot,
+    watch,
+    widget_page,
+)
 from tests.conftest import ASSETS
 from tfbook.widgets.attention import AttentionExample, AttentionMap
 
@@ -92,8 +99,7 @@ def test_static_page_interactions_safe_text_and_speed(browser, tmp_path: Path) -
         assert after_key != before
         big = root.locator("canvas").first.bounding_box()
         page.mouse.move(big["x"] + 5, big["y"] + big["height"] - 2)  # the last query: HOSTILE
-        page.wait_for_timeout(50)
-        assert root.evaluate(WIDGET_SNAPSHOT_JS) != after_key
+        wait_for_new_snapshot(root, after_key)
         assert HOSTILE.replace(" ", "␣") in root.inner_text()
         assert root.locator("img").count() == 0
         page.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget, wait_for_new_snapshot
 from tests.conftest import ASSETS
 from tfbook.corpus import stdlib_corpus
 from tfbook.tokenizers import GPT4_SPLIT_PATTERN, BPETokenizer, regex_split
@@ -129,8 +129,7 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
         root.locator("input[type=range]").focus()
         page.keyboard.press("End")  # the slider to the last merge
-        page.wait_for_timeout(100)
-        assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
+        wait_for_new_snapshot(root, before)
         assert root.evaluate(ids_shown) == w.tokenizer.encode(sample)
 
         root.get_by_role("button", name="previous merge").click()

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
+from tests.browser import (
+    WIDGET_SNAPSHOT_JS,
+    static_widget,
+    wait_for_new_snapshot,
+    wait_for_new_text,
+)
 from tests.conftest import ASSETS
 from tfbook.rope import apply_rope, rope_frequencies
 from tfbook.widgets.base import bundle
@@ -109,30 +114,30 @@ def test_in_the_browser_without_kernel(browser, tmp_path: Path) -> None:
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
         root.locator("input[type=range]").first.focus()
         page.keyboard.press("ArrowRight")  # i: 0 -> 1, so m: 3 -> 2
-        page.wait_for_timeout(100)
-        assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
+        wait_for_new_snapshot(root, before)
         m, score = offset_and_score()
         assert m == 2 and score == pytest.approx(expected[2], abs=1e-3)
 
         # "move both +1" rotates both vectors but keeps the offset, hence the score
-        planes_before = root.locator("svg").first.evaluate("(s) => s.outerHTML")
+        before = root.evaluate(WIDGET_SNAPSHOT_JS)
         root.locator("button", has_text="move both").click()
-        page.wait_for_timeout(100)
-        assert root.locator("svg").first.evaluate("(s) => s.outerHTML") != planes_before
+        wait_for_new_snapshot(root, before)  # the planes turn
         assert offset_and_score() == (m, score)
 
         # hovering the heatmap: left edge -> most negative offset, right -> most positive
         box = root.locator("canvas").bounding_box()
         for x, sign in [(box["x"] + 2, -1), (box["x"] + box["width"] - 2, 1)]:
+            text = title.inner_text()
             page.mouse.move(x, box["y"] + box["height"] / 2)
-            page.wait_for_timeout(100)
+            wait_for_new_text(title, text)
             m, score = offset_and_score()
             assert m * sign > 50 and score == pytest.approx(expected[m], abs=1e-3)
 
         # hovering the score plot sets the offset too
         plot = root.locator("svg.tfw-plot").bounding_box()
+        text = title.inner_text()
         page.mouse.move(plot["x"] + plot["width"] * 0.55, plot["y"] + plot["height"] / 2)
-        page.wait_for_timeout(100)
+        wait_for_new_text(title, text)
         m, score = offset_and_score()
         assert abs(m) < 20 and score == pytest.approx(expected[m], abs=1e-3)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import WIDGET_SNAPSHOT_JS, static_widget
+from tests.browser import WIDGET_SNAPSHOT_JS, static_widget, wait_for_new_snapshot
 from tests.conftest import ASSETS
 from tfbook.corpus import stdlib_corpus, stress_lines
 from tfbook.tokenizers import BPETokenizer, load_gpt2, load_minilm_wordpiece
@@ -109,8 +109,7 @@ def test_in_the_browser_without_kernel(browser, small: BPETokenizer, tmp_path: P
         before = root.evaluate(WIDGET_SNAPSHOT_JS)
         root.locator("input[type=range]").first.focus()
         page.keyboard.press("ArrowRight")  # to the hostile example
-        page.wait_for_timeout(100)
-        assert root.evaluate(WIDGET_SNAPSHOT_JS) != before
+        wait_for_new_snapshot(root, before)
         ids = root.evaluate("(r) => [...r.querySelectorAll('[data-id]')].map((s) => +s.dataset.id)")
         assert ids == small.encode(lines[1]) + load_gpt2().encode(lines[1])
         assert root.locator("img").count() == 0
