@@ -1,18 +1,18 @@
 """The backward pass of attention and of LayerNorm, derived by hand with the chain rule.
 
-Forward, for one head:   S = Q K^T / sqrt(D),   A = softmax(S),   Y = A V
+Forward, for one head:   Z = Q K^T / sqrt(D),   A = softmax(Z),   Y = A V   (Z: the scores)
 Backward, given G = dL/dY:
     dV = A^T G                                       (1)
     dA = G V^T                                       (2)
-    dS = A * (dA - rowsum(dA * A))                   (3)  softmax: da_i/ds_j = a_i (d_ij - a_j)
-    dQ = dS K / sqrt(D),   dK = dS^T Q / sqrt(D)     (4)
+    dZ = A * (dA - rowsum(dA * A))                   (3)  softmax: da_i/dz_j = a_i (d_ij - a_j)
+    dQ = dZ K / sqrt(D),   dK = dZ^T Q / sqrt(D)     (4)
 With Q = X W_Q, K = X W_K, V = X W_V:
     dW_Q = X^T dQ,  dW_K = X^T dK,  dW_V = X^T dV    (5)
     dX = dQ W_Q^T + dK W_K^T + dV W_V^T              (6)
 
 Written as `torch.autograd.Function`s: autograd calls our `backward` instead of deriving one
 itself, so `gradcheck` and a comparison with autograd test the derivation.
-Shapes: (..., T, D) queries, (..., S, D) keys and values; X is (..., T, C).
+Shapes: (..., T, D) queries, (..., S, D) keys and values, (..., T, S) scores; X is (..., T, C).
 """
 
 import math
@@ -30,7 +30,7 @@ def attention_backward(
     scale = 1.0 / math.sqrt(q.size(-1))
     grad_v = a.transpose(-2, -1) @ grad_y  # (1): (..., S, T) @ (..., T, Dv) -> (..., S, Dv)
     grad_a = grad_y @ v.transpose(-2, -1)  # (2): (..., T, Dv) @ (..., Dv, S) -> (..., T, S)
-    # (3): masked entries have a = 0, so their gradient is 0 too: no special case needed
+    # (3), grad_s = dZ: masked entries have a = 0, so their gradient is 0 too, no special case
     grad_s = a * (grad_a - (grad_a * a).sum(dim=-1, keepdim=True))  # (..., T, S)
     grad_q = grad_s @ k * scale  # (4): (..., T, S) @ (..., S, D) -> (..., T, D)
     grad_k = grad_s.transpose(-2, -1) @ q * scale  # (4): (..., S, T) @ (..., T, D)
