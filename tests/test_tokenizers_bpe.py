@@ -170,3 +170,64 @@ def test_bad_inputs(tok):
         tok.decode(["a"])
     with pytest.raises(ValueError, match="is not in the vocabulary"):
         tok.token_to_id("surely-not-a-token")
+
+
+@pytest.mark.parametrize(("pattern", "message"), [
+    ("(", r"the split pattern '\(' is not a valid regular expression: missing \)"),
+    ("[a-", "the split pattern '\\[a-' is not a valid regular expression"),
+    (r"\p{NotACategory}", "is not a valid regular expression: unknown property"),
+    ("a{2,1}", "is not a valid regular expression"),
+    ("", "pattern '' would cut the text into empty chunks: pass a regular expression, or "
+         "pattern=None"),
+])
+def test_invalid_patterns_are_refused_at_construction(pattern, message):
+    with pytest.raises(ValueError, match=message):
+        BPETokenizer({}, pattern=pattern)
+    with pytest.raises(ValueError, match=message):
+        BPETokenizer.train("some text to train on", 300, pattern=pattern)
+
+
+@pytest.mark.parametrize("pattern", [5, b"\\w+", ["\\w+"]])
+def test_patterns_that_are_not_strings_are_type_errors(pattern):
+    name = type(pattern).__name__
+    with pytest.raises(TypeError, match=f"a split pattern must be a str .*, got {name}"):
+        BPETokenizer({}, pattern=pattern)
+    with pytest.raises(TypeError, match=f"a split pattern must be a str .*, got {name}"):
+        regex_split("text", pattern)
+
+
+def test_regex_split_checks_its_arguments():
+    with pytest.raises(ValueError, match="is not a valid regular expression"):
+        regex_split("text", "(?<")
+    with pytest.raises(TypeError, match="text must be a str, got bytes"):
+        regex_split(b"text")
+    with pytest.raises(ValueError, match="lone surrogate U\\+DC00 at position 2"):
+        regex_split("ab\udc00")
+
+
+def test_bad_merges_and_special_ids_are_refused_at_construction():
+    with pytest.raises(ValueError, match=r"merges \(97, 98\) and \(99, 100\) both make id 256: "
+                                         r"expected each id 256..257 made by one merge"):
+        BPETokenizer({(97, 98): 256, (99, 100): 256})
+    with pytest.raises(TypeError, match="merges must map \\(left id, right id\\) -> new id"):
+        BPETokenizer({(97, "b"): 256})
+    with pytest.raises(TypeError, match="merges must map"):
+        BPETokenizer({(97, 98, 99): 256})
+    with pytest.raises(ValueError, match=r"special token '<\|x\|>' has id 256, which is an "
+                                         r"ordinary token's: expected an id >= 257"):
+        BPETokenizer({(97, 98): 256}, special_tokens={"<|x|>": 256})
+    with pytest.raises(ValueError, match=r"special tokens '<\|x\|>' and '<\|y\|>' both have id "
+                                         "300: expected one id each"):
+        BPETokenizer({}, special_tokens={"<|x|>": 300, "<|y|>": 300})
+    with pytest.raises(ValueError, match="a special token must not be empty"):
+        BPETokenizer({}, special_tokens={"": 300})
+    with pytest.raises(TypeError, match="a special token must be a str, got int"):
+        BPETokenizer({}, special_tokens={5: 300})
+    with pytest.raises(TypeError, match="special token '<\\|x\\|>' needs an int id >= 0"):
+        BPETokenizer({}, special_tokens={"<|x|>": "300"})
+
+
+def test_encode_chunk_takes_bytes(tok):
+    with pytest.raises(TypeError, match=r"a chunk must be bytes \(text.encode\('utf-8'\)\), "
+                                        "got str: 'abc'"):
+        tok.encode_chunk("abc")

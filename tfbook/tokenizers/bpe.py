@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, pairwise
 from typing import Any
 
-from tfbook.tokenizers.base import Tokenizer, check_text, check_vocab_size
+import regex
+
+from tfbook.tokenizers.base import Fields, Tokenizer, check_text, check_vocab_size, is_int
 from tfbook.tokenizers.pretokenize import GPT4_SPLIT_PATTERN, compile_pattern
 
 Pair = tuple[int, int]
+_MERGE_LINE = regex.compile(r"([0-9]+) ([0-9]+) -> ([0-9]+)")  # "left right -> new"
 
 
 def count_pairs(ids: Sequence[int]) -> Counter[Pair]:
@@ -48,6 +51,16 @@ def merge_pair(ids: Sequence[int], pair: Pair, new_id: int) -> list[int]:
             out.append(ids[i])
             i += 1
     return out
+
+
+def splitter(pattern: str | None) -> Callable[[str], list[str]]:
+    """The pre-split of a pattern: its `findall`, or the whole text as one chunk for None."""
+    if pattern is None:
+        return lambda text: [text]
+    if pattern == "":
+        raise ValueError("pattern '' would cut the text into empty chunks: pass a regular "
+                         "expression, or pattern=None for no pre-split")
+    return compile_pattern(pattern).findall
 
 
 class PairIndex:
@@ -160,6 +173,7 @@ class BPETokenizer(Tokenizer):
         byte_ids: Sequence[int] | None = None,
     ) -> None:
         super().__init__(special_tokens)
+        self._split = splitter(pattern)
         self.pattern = pattern
         self.merges = dict(merges)
         # byte_ids[b] is the id of the single byte b (GPT-2 and cl100k permute them).
@@ -171,14 +185,27 @@ class BPETokenizer(Tokenizer):
         self.vocab: list[bytes] = [b""] * size  # id -> the bytes it stands for
         for b, i in enumerate(self.byte_ids):
             self.vocab[i] = bytes([b])
+        for pair, new_id in self.merges.items():
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(map(is_int, pair))
+                    and is_int(new_id)):
+                raise TypeError(f"merges must map (left id, right id) -> new id, all ints; got "
+                                f"{pair!r:.40} -> {new_id!r:.20}")
+        made_by: dict[int, Pair] = {}  # new id -> the merge that made it
         for (left, right), new_id in sorted(self.merges.items(), key=lambda kv: kv[1]):
-            if not (left < new_id and right < new_id < size):
+            if not (256 <= new_id < size and 0 <= left < new_id and 0 <= right < new_id):
                 raise ValueError(f"merge {(left, right)} -> {new_id}: expected 256 <= new id < "
                                  f"{size} and both parts older than the new id")
+            if new_id in made_by:
+                raise ValueError(f"merges {made_by[new_id]} and {(left, right)} both make id "
+                                 f"{new_id}: expected each id 256..{size - 1} made by one merge")
+            made_by[new_id] = left, right
             self.vocab[new_id] = self.vocab[left] + self.vocab[right]
+        for token, token_id in self.special_tokens.items():
+            if token_id < size:
+                raise ValueError(f"special token {token!r} has id {token_id}, which is an "
+                                 f"ordinary token's: expected an id >= {size}")
         self.trace: list[MergeStep] = []
         self._chunk_cache: dict[str, list[int]] = {}
-        self._split = compile_pattern(pattern).findall if pattern else (lambda text: [text])
 
     # --- training -------------------------------------------------------------------------
     @classmethod
@@ -211,8 +238,7 @@ class BPETokenizer(Tokenizer):
         check_vocab_size(vocab_size, 256 + len(specials), f"256 bytes + {len(specials)} specials")
         if not text:
             raise ValueError("cannot train on an empty text: expected at least one character")
-        splitter = compile_pattern(pattern).findall if pattern else (lambda t: [t])
-        chunk_counts = Counter(splitter(text))
+        chunk_counts = Counter(splitter(pattern)(text))
         chunks = sorted(chunk_counts)  # a fixed order makes the trace reproducible
         index = PairIndex([list(c.encode("utf-8")) for c in chunks],
                           [chunk_counts[c] for c in chunks])
@@ -252,6 +278,9 @@ class BPETokenizer(Tokenizer):
     # --- encoding -------------------------------------------------------------------------
     def encode_chunk(self, chunk: bytes) -> list[int]:
         """Encode one pre-split chunk given as bytes."""
+        if not isinstance(chunk, (bytes, bytearray)):
+            raise TypeError(f"a chunk must be bytes (text.encode('utf-8')), got "
+                            f"{type(chunk).__name__}: {chunk!r:.60}")
         ids = list(chunk.translate(self._byte_table))  # [byte_ids[b] for b in chunk], in C
         return merge_by_rank(ids, self.merges) if len(ids) > 1 else ids
 
@@ -289,10 +318,56 @@ class BPETokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BPETokenizer:
-        merges = {}
-        for line in data["merges"]:
-            pair, new = line.split(" -> ")
-            a, b = pair.split()
-            merges[int(a), int(b)] = int(new)
-        byte_ids = [int(x) for x in data["byte_ids"].split()]
-        return cls(merges, data["pattern"], data.get("special_tokens"), byte_ids)
+        fields = Fields(data)
+        pattern = fields.get("pattern", "a regular expression (a string) or null",
+                             lambda v: v is None or isinstance(v, str))
+        try:
+            splitter(pattern)
+        except ValueError as error:
+            raise ValueError(f"field 'pattern': {error}") from None
+        byte_ids = read_byte_ids(fields)
+        merges = read_merges(fields)
+        specials = fields.special_tokens()
+        size = 256 + len(merges)
+        for token, token_id in specials.items():
+            if token_id < size:
+                raise fields.error("special_tokens", f"an id >= {size} (after the ordinary "
+                                   f"tokens) for {token!r}", token_id)
+        try:
+            return cls(merges, pattern, specials, byte_ids)
+        except ValueError as error:
+            raise ValueError(f"field 'merges': {error}") from None
+
+
+def read_byte_ids(fields: Fields) -> list[int]:
+    """The field 'byte_ids': the ids of bytes 0..255, a permutation of 0..255."""
+    expected = "the ids of the 256 bytes separated by spaces, a permutation of 0..255"
+    text = fields.text("byte_ids")
+    words = text.split()
+    if not all(w.isascii() and w.isdigit() for w in words) or (
+            sorted(map(int, words)) != list(range(256))):
+        raise fields.error("byte_ids", expected, text)
+    return [int(w) for w in words]
+
+
+def read_merges(fields: Fields) -> dict[Pair, int]:
+    """The field 'merges': one "left right -> new" line per merge, no pair or new id twice."""
+    merges: dict[Pair, int] = {}
+    line_of_pair: dict[Pair, int] = {}
+    line_of_id: dict[int, int] = {}
+    for k, line in enumerate(fields.get("merges", "a list of lines 'left right -> new'",
+                                        lambda v: isinstance(v, list))):
+        found = _MERGE_LINE.fullmatch(line) if isinstance(line, str) else None
+        if found is None:
+            raise fields.error("merges", "a line 'left right -> new' of three integers",
+                               line, k)
+        left, right, new_id = map(int, found.groups())
+        if (left, right) in line_of_pair:
+            raise fields.error("merges", f"a pair merged once (entry {line_of_pair[left, right]}"
+                               " merges it too)", line, k)
+        if new_id in line_of_id:
+            raise fields.error("merges", f"a new id made once (entry {line_of_id[new_id]} "
+                               "makes it too)", line, k)
+        line_of_pair[left, right], line_of_id[new_id] = k, k
+        merges[left, right] = new_id
+    return merges

@@ -8,9 +8,13 @@ whitespace and punctuation.
 from __future__ import annotations
 
 import functools
+import string
 import unicodedata
+from collections.abc import Callable
 
 import regex
+
+from tfbook.tokenizers.base import check_text
 
 # GPT-2's split pattern (r50k/p50k/gpt2 in tiktoken, written with possessive quantifiers):
 # contractions | optional space + letters | optional space + digits |
@@ -27,10 +31,24 @@ GPT4_SPLIT_PATTERN = (
 )
 
 
-@functools.lru_cache(maxsize=16)
 def compile_pattern(pattern: str) -> regex.Pattern:
-    """Compile a split pattern once (the `regex` package knows \\p{L} and possessives)."""
-    return regex.compile(pattern)
+    """Compile a split pattern (the `regex` package knows \\p{L} and possessives).
+
+    A pattern that is not a str is a TypeError, one that does not compile a ValueError.
+    """
+    if not isinstance(pattern, str):
+        raise TypeError(f"a split pattern must be a str (a regular expression), got "
+                        f"{type(pattern).__name__}: {pattern!r:.60}")
+    return _compile(pattern)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(pattern: str) -> regex.Pattern:
+    try:
+        return regex.compile(pattern)
+    except regex.error as error:
+        raise ValueError(f"the split pattern {pattern!r:.80} is not a valid regular expression:"
+                         f" {error}") from None
 
 
 def regex_split(text: str, pattern: str = GPT4_SPLIT_PATTERN) -> list[str]:
@@ -39,47 +57,107 @@ def regex_split(text: str, pattern: str = GPT4_SPLIT_PATTERN) -> list[str]:
     >>> regex_split("Hello world's 12345!!")
     ['Hello', ' world', "'s", ' ', '123', '45', '!!']
     """
-    return compile_pattern(pattern).findall(text)
+    return compile_pattern(pattern).findall(check_text(text))
 
 
 # --- BERT's basic pre-processing ---------------------------------------------------------
+#
+# The rules are those of Hugging Face's `BertNormalizer` and `BertPreTokenizer`, whose ids
+# MiniLM's tokenizer.json gives, with every character judged by its general category in
+# Python's `unicodedata`. Each rule looks at one character alone, so each step is one
+# `str.translate` through a `CharTable`, which works a character out the first time it meets it.
 
-# Control, format, private-use and surrogate characters (Cc, Cf, Co, Cs) are deleted, except
-# \t \n \r which count as whitespace; NUL and U+FFFD too. Unassigned code points (Cn) stay.
-_BERT_DELETE = regex.compile(r"[\x00\ufffd]|(?![\t\n\r])[\p{Cc}\p{Cf}\p{Co}\p{Cs}]")
-_BERT_SPACE = regex.compile(r"\s")
 # CJK Unified Ideographs blocks (not Hangul or kana): BERT puts spaces around each one.
 # Google's BERT starts the Extension E block at U+2B820; HF tokenizers, whose ids we match,
 # starts it at U+2B920, so U+2B820..U+2B91F are not spaced out here.
-_CJK = regex.compile(
-    "([\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f"
-    "\U0002b740-\U0002b81f\U0002b920-\U0002ceaf\uf900-\ufaff\U0002f800-\U0002fa1f])"
+CJK_RANGES = (
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
 )
-_MARKS = regex.compile(r"\p{Mn}")
-# BERT's punctuation: every ASCII non-alphanumeric printable character plus Unicode P*.
-_PUNCT = r"!-/:-@\[-`{-~\p{P}"
-_BERT_WORDS = regex.compile(rf"[^\s{_PUNCT}]+|[{_PUNCT}]")
+_CJK_FIRST = min(lo for lo, _ in CJK_RANGES)  # most characters come before every block
+
+
+class CharTable(dict[int, str]):
+    """A `str.translate` table filled on demand: code point -> `rule(character)`.
+
+    >>> "abc".translate(CharTable(str.upper))
+    'ABC'
+    """
+
+    def __init__(self, rule: Callable[[str], str]) -> None:
+        super().__init__()
+        self.rule = rule
+
+    def __missing__(self, code_point: int) -> str:
+        value = self[code_point] = self.rule(chr(code_point))
+        return value
+
+
+def bert_clean_char(c: str) -> str:
+    """BERT's cleaning of one character: a space, deleted (''), spaced out (CJK) or kept.
+
+    Whitespace is Unicode's White_Space: tab, newline, carriage return and the separators
+    (Zs, Zl, Zp). Deleted: NUL, U+FFFD, the other control characters (Cc), format (Cf) and
+    private-use (Co) characters. Unassigned code points (Cn) are kept.
+    """
+    category = unicodedata.category(c)
+    if c in "\t\n\r" or category in ("Zs", "Zl", "Zp"):
+        return " "
+    if c in "\x00\ufffd" or category in ("Cc", "Cf", "Co"):
+        return ""
+    return f" {c} " if is_cjk_ideograph(c) else c
+
+
+def is_cjk_ideograph(c: str) -> bool:
+    """Whether `c` lies in one of the CJK ideograph blocks that BERT spaces out."""
+    code_point = ord(c)
+    return code_point >= _CJK_FIRST and any(lo <= code_point <= hi for lo, hi in CJK_RANGES)
+
+
+def bert_accent_and_case(c: str, strip_accents: bool, lowercase: bool) -> str:
+    """One character after accent stripping (a non-spacing mark, Mn, is dropped) and
+    lowercasing (`c.lower()` of the character alone)."""
+    if strip_accents and unicodedata.category(c) == "Mn":
+        return ""
+    return c.lower() if lowercase else c
+
+
+def is_bert_punctuation(c: str) -> bool:
+    """BERT's punctuation: ASCII's 32 non-alphanumeric printable characters and the Unicode
+    punctuation categories (P*)."""
+    return c in string.punctuation or unicodedata.category(c).startswith("P")
+
+
+_CLEAN = CharTable(bert_clean_char)
+_ACCENT_AND_CASE = {
+    (strip, lower): CharTable(functools.partial(bert_accent_and_case, strip_accents=strip,
+                                                lowercase=lower))
+    for strip in (False, True) for lower in (False, True)
+}
+_PUNCTUATION_SPACED = CharTable(lambda c: f" {c} " if is_bert_punctuation(c) else c)
 
 
 def bert_normalize(text: str, lowercase: bool = True, strip_accents: bool = True) -> str:
-    """BERT's normalizer: drop control chars, map whitespace to ' ', space out CJK, strip
-    accents (NFD, drop non-spacing marks), lowercase.
+    """BERT's normalizer: clean (control characters out, whitespace to ' '), space out CJK
+    ideographs, strip accents (NFD, drop non-spacing marks), lowercase.
+
+    Lowercasing goes one character at a time, as in the reference: `str.lower()` would make
+    a capital sigma at the end of a word a final sigma ("ΟΔΟΣ" -> "οδοσ", not "οδος").
 
     >>> bert_normalize("Héllo\\tWörld 東京")
     'hello world  東  京 '
     """
-    text = _BERT_DELETE.sub("", text)
-    text = _BERT_SPACE.sub(" ", text)
-    text = _CJK.sub(r" \1 ", text)
-    if strip_accents and not text.isascii():
-        text = _MARKS.sub("", unicodedata.normalize("NFD", text))
-    return text.lower() if lowercase else text
+    text = check_text(text).translate(_CLEAN)
+    if strip_accents:
+        text = unicodedata.normalize("NFD", text)
+    return text.translate(_ACCENT_AND_CASE[bool(strip_accents), bool(lowercase)])
 
 
 def bert_pretokenize(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
-    """BERT's basic tokenizer: normalize, then split on whitespace and around punctuation.
+    """BERT's basic tokenizer: normalize, then split on spaces and around punctuation.
 
     >>> bert_pretokenize("Don't stop, BERT!")
     ['don', "'", 't', 'stop', ',', 'bert', '!']
     """
-    return _BERT_WORDS.findall(bert_normalize(text, lowercase, strip_accents))
+    spaced = bert_normalize(text, lowercase, strip_accents).translate(_PUNCTUATION_SPACED)
+    return [word for word in spaced.split(" ") if word]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import numbers
 import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,7 +31,14 @@ from typing import Any
 import numpy as np
 import regex
 
-from tfbook.tokenizers.base import StringVocabTokenizer, check_text, check_vocab_size
+from tfbook.tokenizers.base import (
+    Fields,
+    StringVocabTokenizer,
+    check_text,
+    check_vocab_size,
+    is_real,
+    is_unicode,
+)
 
 SPACE = "\u2581"  # "▁", the visible stand-in for a space
 UNK_PENALTY = 10.0  # an unknown character scores (lowest piece score - 10), as in sentencepiece
@@ -43,6 +51,7 @@ def to_pieces_form(text: str) -> str:
     >>> to_pieces_form("Hi  you")
     '▁Hi▁▁you'
     """
+    text = check_text(text)
     return SPACE + text.replace(" ", SPACE) if text else ""
 
 
@@ -193,6 +202,12 @@ class UnigramTokenizer(StringVocabTokenizer):
             raise ValueError(f"need one score per piece, got {len(pieces)} pieces and "
                              f"{len(scores)} scores")
         super().__init__(pieces, special_tokens)
+        for i, score in enumerate(scores):
+            if not is_real(score):
+                number = isinstance(score, numbers.Real) and not isinstance(score, bool)
+                raise (ValueError if number else TypeError)(
+                    f"the score of piece {i} ({self.tokens[i]!r}) must be a finite "
+                    f"number (a log-probability), got {score!r:.40}")
         self.scores = [float(s) for s in scores]
         if unk_token not in self.special_tokens:
             raise ValueError(f"the special tokens must include the unknown token {unk_token!r}")
@@ -292,7 +307,7 @@ class UnigramTokenizer(StringVocabTokenizer):
         rounded to float32 as in sentencepiece, and ties keep the smallest lo, so that equal
         segmentations ("**" + "****" vs "****" + "**") are broken the same way.
         """
-        best = [0.0] + [-math.inf] * len(s)
+        best = [0.0] + [-math.inf] * len(check_text(s))
         back = [(0, 0)] * (len(s) + 1)
         for hi in range(1, len(s) + 1):
             for lo, i, score in self._edges_into(s, hi):
@@ -361,5 +376,27 @@ class UnigramTokenizer(StringVocabTokenizer):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UnigramTokenizer:
-        pieces, scores = zip(*data["pieces"], strict=True)
-        return cls(pieces, scores, data["unk_token"], list(data["special_tokens"]))
+        fields = Fields(data)
+        pieces: list[str] = []
+        scores: list[float] = []
+        first: dict[str, int] = {}
+        for k, entry in enumerate(fields.items("pieces", "[piece, score] pairs")):
+            if not (isinstance(entry, list) and len(entry) == 2 and is_unicode(entry[0])):
+                raise fields.error("pieces", "a pair [piece, score] whose piece is a string",
+                                   entry, k)
+            piece, score = entry
+            if not is_real(score):
+                raise fields.error("pieces", f"a finite number as the score of {piece!r}",
+                                   score, k)
+            if piece in first:
+                raise fields.error("pieces", f"distinct pieces (entry {first[piece]} is the "
+                                   "same)", piece, k)
+            first[piece] = k
+            pieces.append(piece)
+            scores.append(score)
+        specials = fields.specials_at_their_ids(pieces)
+        unk_token = fields.text("unk_token")
+        if unk_token not in specials:
+            raise fields.error("unk_token", "one of the special tokens "
+                               f"{specials}", unk_token)
+        return cls(pieces, scores, unk_token, specials)

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tfbook.tokenizers.base import AllOrSet, StringVocabTokenizer, check_text, check_vocab_size
+from tfbook.tokenizers.base import (
+    AllOrSet,
+    Fields,
+    StringVocabTokenizer,
+    check_text,
+    check_vocab_size,
+    is_int,
+)
 from tfbook.tokenizers.bpe import Pair, PairIndex
 from tfbook.tokenizers.pretokenize import bert_pretokenize
 
@@ -82,6 +89,10 @@ class WordPieceTokenizer(StringVocabTokenizer):
         super().__init__(vocab, special_tokens)
         if unk_token not in self.ids:
             raise ValueError(f"the vocabulary must contain the unknown token {unk_token!r}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+        if not is_int(max_word_chars) or max_word_chars < 1:
+            raise ValueError(f"max_word_chars must be an int >= 1, got {max_word_chars!r}")
         self.unk_token, self.unk_id = unk_token, self.ids[unk_token]
         self.prefix, self.max_word_chars = prefix, max_word_chars
         self.lowercase, self.strip_accents = lowercase, strip_accents
@@ -90,8 +101,23 @@ class WordPieceTokenizer(StringVocabTokenizer):
 
     @classmethod
     def from_vocab_file(cls, path: str | Path, **options: Any) -> WordPieceTokenizer:
-        """Read a BERT `vocab.txt` (one token per line, the line number is the id)."""
-        return cls(Path(path).read_text("utf-8").split("\n")[:-1], **options)
+        """Read a BERT `vocab.txt` (one token per line, the line number is the id).
+
+        The last line may end with a newline or not; a file that is not UTF-8 or has no token
+        is a ValueError naming the file.
+        """
+        try:
+            text = Path(path).read_text("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: expected a vocabulary in UTF-8, but byte {error.start} "
+                             "is not UTF-8") from None
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the newline that ends the last line
+        try:
+            return cls(lines, **options)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     # --- training -------------------------------------------------------------------------
     @classmethod
@@ -163,7 +189,7 @@ class WordPieceTokenizer(StringVocabTokenizer):
         >>> tok.encode_word("unx") == [tok.unk_id]  # "##x" matches nothing: the word is unknown
         True
         """
-        if len(word) > self.max_word_chars:
+        if len(check_text(word, "word")) > self.max_word_chars:
             return [self.unk_id]
         ids, start = [], 0
         while start < len(word):
@@ -228,8 +254,14 @@ class WordPieceTokenizer(StringVocabTokenizer):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WordPieceTokenizer:
-        return cls(data["vocab"], data["unk_token"], data["prefix"], data["max_word_chars"],
-                   data["lowercase"], data["strip_accents"], list(data["special_tokens"]))
+        fields = Fields(data)
+        vocab = fields.strings("vocab")
+        unk_token = fields.text("unk_token")
+        if unk_token not in vocab:
+            raise fields.error("unk_token", "a token of the field 'vocab'", unk_token)
+        return cls(vocab, unk_token, fields.text("prefix"),
+                   fields.integer("max_word_chars", 1), fields.flag("lowercase"),
+                   fields.flag("strip_accents"), fields.specials_at_their_ids(vocab))
 
 
 class _PairSlots:
