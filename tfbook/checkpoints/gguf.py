@@ -10,8 +10,9 @@ A GGUF file is one binary blob in three parts:
 Weights are usually *quantised*: stored in blocks of 32 numbers that share a scale. In Q8_0
 each block keeps one float16 scale d and 32 int8 values q, and w = d * q; in Q4_1 each block
 keeps a float16 scale d and minimum m, and 32 four-bit values q in 0..15, and w = d * q + m
-(20 bytes per 32 weights: 5 bits per weight instead of 32; Q8_0 takes 8.5). Reading dequantises everything back to float32, so the
-result is exactly the numbers llama.cpp computes with, but no longer compressed.
+(20 bytes per 32 weights: 5 bits per weight instead of 32; Q8_0 takes 8.5). Reading
+dequantises everything back to float32, so the result is exactly the numbers llama.cpp
+computes with, but no longer compressed.
 
 GGUF lists a tensor's dims fastest-varying first (ggml's ne0, ne1, ...): a linear layer
 with `in_features` inputs is stored as [in, out]. PyTorch lists dims slowest-varying first,
