@@ -106,11 +106,19 @@ class KVCache:
 
     @torch.no_grad()
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` (B',) of every stored tensor: beam search follows its beams."""
+        """Keep rows `index` (B',) of every stored tensor: beam search follows its beams.
+
+        Only the filled positions are copied (in place when the batch keeps its size).
+        """
         for layer in self.layers:
             if layer.keys is not None:
-                layer.keys = layer.keys.index_select(0, index)
-                layer.values = layer.values.index_select(0, index)
+                n = layer.length
+                if index.numel() == layer.keys.size(0):
+                    layer.keys[:, :, :n] = layer.keys[:, :, :n].index_select(0, index)
+                    layer.values[:, :, :n] = layer.values[:, :, :n].index_select(0, index)
+                else:
+                    layer.keys = layer.keys.index_select(0, index)
+                    layer.values = layer.values.index_select(0, index)
             if layer.cross is not None:
                 layer.cross = tuple(t.index_select(0, index) for t in layer.cross)
 

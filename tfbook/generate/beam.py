@@ -325,7 +325,8 @@ def beam_search(
     beam_rows = torch.arange(B, device=device)[:, None] * K  # (B, 1): first row of each prompt
 
     mask = mask.repeat_interleave(K, dim=0)  # (B * K, T)
-    cache = model.new_cache() if use_cache else None
+    # room for exactly the positions this search can fill, not the whole context
+    cache = model.new_cache(ids.size(1) + max_new_tokens) if use_cache else None
     step_ids = ids.repeat_interleave(K, dim=0)  # (B * K, T): the prefill, once per beam
     step_positions = positions_from_mask(mask)  # (B * K, T)
     for n in range(N):  # n tokens generated so far; this step writes column T + n

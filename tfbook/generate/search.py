@@ -146,7 +146,8 @@ def generate(
     vocab_size = getattr(config, "vocab_size", None) or config.tgt_vocab_size
     check_request(ids.size(1), max_new_tokens, config.max_len, end_ids, vocab_size)
     B, T = ids.size()
-    cache = model.new_cache() if use_cache else None
+    # room for exactly the positions this call can fill, not the whole context
+    cache = model.new_cache(T + max_new_tokens) if use_cache else None
     done = torch.zeros(B, dtype=torch.bool, device=ids.device)
     kept: list[Tensor] = []
     step_ids, step_positions = ids, positions_from_mask(mask)  # the prefill: all of the prompt

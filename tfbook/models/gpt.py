@@ -114,9 +114,10 @@ class GPT(nn.Module):
             for proj in (block.attn.out_proj, block.ff.fc_out):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
 
-    def new_cache(self) -> KVCache:
-        """An empty key/value cache for this model (one layer cache per block)."""
-        return KVCache(self.config.n_layers, self.config.max_len)
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty key/value cache for this model (one layer cache per block), with room for
+        `max_len` positions (default: the whole context; generate asks for what it needs)."""
+        return KVCache(self.config.n_layers, max_len or self.config.max_len)
 
     def forward(
         self,

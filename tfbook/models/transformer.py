@@ -107,9 +107,10 @@ class Transformer(nn.Module):
         if c.share_embeddings:
             self.lm_head.weight = self.tgt_emb.weight  # the paper's three-way weight sharing
 
-    def new_cache(self) -> KVCache:
-        """An empty cache for the decoder: its self-attention keys and the source's keys."""
-        return KVCache(self.config.n_decoder_layers, self.config.max_len)
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty cache for the decoder: its self-attention keys and the source's keys,
+        with room for `max_len` target positions (default: the whole context)."""
+        return KVCache(self.config.n_decoder_layers, max_len or self.config.max_len)
 
     def embed_source(self, src: Tensor) -> Tensor:
         """src (B, S) ids -> (B, S, C): scaled embedding plus positional encoding."""
