@@ -79,7 +79,7 @@ def test_page_offline_typeset_and_interactive(browser, site: str, book_html: Pat
             root.scroll_into_view_if_needed()
             interact_and_check(page, root, f"{page_path} widget {i}")
 
-    page.evaluate("document.fonts.ready")  # the screenshot shows the final fonts
+    page.wait_for_load_state("load")  # index.html redirects: let the page it opens settle
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + ".png"),
                     full_page=True)
