@@ -86,3 +86,17 @@ def test_relative_scores_equal_rotating_both_vectors():
     # long-term decay: with q = k = ones the score shrinks (on average) with the distance
     decay = relative_scores(torch.ones(64), torch.ones(64), torch.arange(0, 1000))
     assert decay[0] == 64 and decay[:10].mean() > decay[100:200].abs().mean()
+
+
+def test_the_table_is_reused_only_for_the_same_unchanged_positions():
+    from tfbook.rope import rope_cos_sin
+
+    positions = torch.arange(5)
+    first = rope_cos_sin(positions, 8)
+    assert rope_cos_sin(positions, 8) is first  # the same tensor again: reused
+    assert rope_cos_sin(torch.arange(5), 8) is not first  # an equal but other tensor
+    positions.add_(3)  # changed in place: recomputed, and right
+    again = rope_cos_sin(positions, 8)
+    assert again is not first
+    assert torch.allclose(again[0], rope_cos_sin(torch.arange(3, 8), 8)[0])
+    assert rope_cos_sin(positions, 8, base=500.0) is not again  # other settings

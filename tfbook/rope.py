@@ -73,19 +73,32 @@ def check_rope_positions(x: Tensor, positions: Tensor | None) -> Tensor:
     return positions
 
 
+# The table of the last call, with the positions tensor it was made for (held, so that its
+# identity cannot be taken by another tensor) and that tensor's version counter.
+_LAST_TABLE: dict[str, tuple] = {}
+
+
 def rope_cos_sin(
     positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of pos * theta_n: (T, D/2) each, or (B, 1, T, D/2) for (B, T) positions.
 
-    Computed once per attention call and used for both q and k.
+    Used for both q and k. Every layer of one forward pass rotates by the same positions
+    tensor, so the table of the last call is reused when that very tensor (unchanged) comes
+    back with the same settings: computed once per forward pass instead of once per layer.
     """
+    key = (D, float(base), precision, dtype, positions._version)
+    last = _LAST_TABLE.get("table")
+    if last is not None and last[0] is positions and last[1] == key:
+        return last[2]
     angles = rope_angles(positions.reshape(-1), D, base, precision)
     angles = angles.view(*positions.shape, D // 2)  # (T, D/2) or (B, T, D/2)
     if positions.dim() == 2:
         angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
-    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+    table = (torch.cos(angles).to(dtype), torch.sin(angles).to(dtype))
+    _LAST_TABLE["table"] = (positions, key, table)
+    return table
 
 
 def rotate_planes(x: Tensor, cos: Tensor, sin: Tensor, convention: str = "interleaved") -> Tensor:
