@@ -53,7 +53,7 @@ def likelihood_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: Ar
     of L change, so Delta = f(#a') - f(#a) + f(#b') - f(#b) + f(#c) - f(N') + f(N).
     Works elementwise on numpy arrays (the trainer scores all pairs at once).
     When n_ab is small next to n_a, n_b and N, a first-order expansion gives
-    Delta ~ `occurrence_gain(...)` - n_ab: the seed's per-occurrence sum, minus one nat per
+    Delta ~ `occurrence_gain(...)` - n_ab: the per-occurrence shortcut, minus one nat per
     merge. The popular score n_ab / (n_a n_b) ranks pairs by that per-occurrence term.
     """
     n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
@@ -65,7 +65,8 @@ def likelihood_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: Ar
 
 def occurrence_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: ArrayLike
                     ) -> np.ndarray:
-    """The seed's sum over the occurrences of ab of log P(c) - log P(a) - log P(b), with
+    """The per-occurrence shortcut: the sum over the occurrences of ab of
+    log P(c) - log P(a) - log P(b), with
     P(t) = n_t / N before the merge: n_ab log(n_ab N / (n_a n_b))."""
     n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
     return n_ab * (np.log(n_ab) + np.log(n_total) - np.log(n_a) - np.log(n_b))
