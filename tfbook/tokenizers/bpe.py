@@ -152,6 +152,28 @@ def merge_by_rank(ids: list[int], merges: dict[Pair, int]) -> list[int]:
     return [t for t in ids if t >= 0]
 
 
+def encode_chunks(
+    chunks: list[str], encode_chunk: Callable[[bytes], list[int]], cache: dict[str, list[int]],
+    max_entries: int = 500_000, max_chars: int = 64,
+) -> list[int]:
+    """Encode pre-split chunks, each distinct one once, remembering the short ones.
+
+    Words repeat, so a text of N chunks has far fewer distinct ones; `cache` keeps the ids of
+    chunks of at most `max_chars` characters between calls and is emptied past `max_entries`.
+    Shared by every byte-level BPE tokenizer of the package.
+    """
+    if len(cache) > max_entries:
+        cache.clear()
+    new = set(chunks).difference(cache)  # encode each distinct chunk once
+    for chunk in new:
+        cache[chunk] = encode_chunk(chunk.encode("utf-8"))
+    ids = list(chain.from_iterable(map(cache.__getitem__, chunks)))
+    for chunk in new:
+        if len(chunk) > max_chars:  # keep long one-off chunks out of the cache
+            del cache[chunk]
+    return ids
+
+
 class BPETokenizer(Tokenizer):
     """Byte-level BPE: `merges[(left, right)] = new_id`, ids assigned in merge order.
 
@@ -285,18 +307,8 @@ class BPETokenizer(Tokenizer):
         return merge_by_rank(ids, self.merges) if len(ids) > 1 else ids
 
     def _encode_ordinary(self, text: str) -> list[int]:
-        chunks = self._split(text)
-        cache = self._chunk_cache
-        if len(cache) > self.cache_max_entries:
-            cache.clear()
-        new = set(chunks).difference(cache)  # words repeat: encode each distinct chunk once
-        for chunk in new:
-            cache[chunk] = self.encode_chunk(chunk.encode("utf-8"))
-        ids = list(chain.from_iterable(map(cache.__getitem__, chunks)))
-        for chunk in new:
-            if len(chunk) > self.cache_max_chars:  # keep long one-off chunks out of the cache
-                del cache[chunk]
-        return ids
+        return encode_chunks(self._split(text), self.encode_chunk, self._chunk_cache,
+                             self.cache_max_entries, self.cache_max_chars)
 
     def _token_bytes(self, token_id: int) -> bytes:
         if token_id < 0:

@@ -21,11 +21,10 @@ loses part of its input gives a silently wrong answer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import chain
 from typing import Any
 
 from tfbook.tokenizers.base import AllOrSet, Tokenizer, check_text
-from tfbook.tokenizers.bpe import Pair, merge_by_rank
+from tfbook.tokenizers.bpe import Pair, encode_chunks, merge_by_rank
 from tfbook.tokenizers.pretokenize import GPT2_SPLIT_PATTERN, compile_pattern
 from tfbook.tokenizers.pretrained import gpt2_byte_chars
 
@@ -164,18 +163,8 @@ class VocabBPETokenizer(Tokenizer):
 
     def _encode_ordinary(self, text: str) -> list[int]:
         self.check_encodable(text)
-        chunks = staged_split(text, self.patterns)
-        cache = self._cache
-        if len(cache) > self.cache_max_entries:
-            cache.clear()
-        new = set(chunks).difference(cache)  # words repeat: encode each distinct chunk once
-        for chunk in new:
-            cache[chunk] = self.encode_chunk(chunk.encode("utf-8"))
-        ids = list(chain.from_iterable(map(cache.__getitem__, chunks)))
-        for chunk in new:
-            if len(chunk) > self.cache_max_chars:  # keep long one-off chunks out of the cache
-                del cache[chunk]
-        return ids
+        return encode_chunks(staged_split(text, self.patterns), self.encode_chunk, self._cache,
+                             self.cache_max_entries, self.cache_max_chars)
 
     # --- vocabulary -----------------------------------------------------------------------
     def _token_bytes(self, token_id: int) -> bytes:
