@@ -69,6 +69,12 @@ def test_page_offline_typeset_and_interactive(browser, site: str, book_html: Pat
         body = page.locator("article").inner_text()
         assert "$$" not in body, f"{page_path}: raw $$ left in the text"
 
+    if 'class="cell' in source:  # (not index.html, a redirect that replaces the page)
+        # nothing is cut off: every code and output line fits its box (long ones wrap)
+        hidden = page.evaluate("[...document.querySelectorAll('div.cell pre')]"
+                               ".filter((p) => p.scrollWidth > p.clientWidth + 1).length")
+        assert hidden == 0, f"{page_path}: {hidden} code or output blocks are wider than the page"
+
     n_views = source.count("application/vnd.jupyter.widget-view+json")
     if n_views:
         page.wait_for_function(f"document.querySelectorAll('.tfw').length >= {n_views}",
