@@ -4,7 +4,18 @@
 """
 
 import math
+import numbers
 from typing import Any
+
+
+def is_int(value: object) -> bool:
+    """A Python or NumPy integer (a bool is not an int here)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """A Python or NumPy real number (a bool is not a number here)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _name(config: Any) -> str:

@@ -6,11 +6,13 @@ The tfbook model built here does the same (rope_convention="half", rope_precisio
 so the two compute the same numbers operation for operation. One visible table maps the names.
 """
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from tfbook.checkpoints.names import expand_names
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import llama_config
 
@@ -50,26 +52,17 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
 
 def rename_hf_llama(hf_state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
     """HF names -> tfbook names through HF_TO_TFBOOK; any name it does not explain is an error."""
-    ours: dict[str, Tensor] = {}
-    explained: set[str] = set()
-    for hf_name, name in HF_TO_TFBOOK.items():
-        for i in range(n_layers) if "{i}" in hf_name else [None]:
-            key = hf_name.format(i=i)
-            if key in hf_state:
-                ours[name.format(i=i)] = hf_state[key]
-                explained.add(key)
-    unknown = sorted(set(hf_state) - explained)
+    names = expand_names(HF_TO_TFBOOK, n_layers)
+    unknown = sorted(set(hf_state) - set(names))
     if unknown:
         raise ValueError(f"tensors the name table does not explain: {unknown[:3]}")
-    return ours
+    return {names[key]: tensor for key, tensor in hf_state.items()}
 
 
 @torch.no_grad()
 def tfbook_from_hf_llama(hf_model: Any, fused: bool = True) -> GPT:
     """A tfbook GPT holding a copy of `hf_model`'s weights (strict: every tensor must fit)."""
-    config = config_from_hf_llama(hf_model.config)
-    if not fused:
-        config = GPTConfig(**{**config.__dict__, "fused": False})
+    config = replace(config_from_hf_llama(hf_model.config), fused=fused)
     model = GPT(config).eval()
     state = rename_hf_llama(dict(hf_model.state_dict()), config.n_layers)
     if config.tie_weights:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from tfbook.checkpoints.gguf import GGUFFile, check_architecture, read_gguf
+from tfbook.checkpoints.names import expand_names
 from tfbook.models.gpt import GPT
 from tfbook.models.llama import llama_config
 from tfbook.rope import half_split_permutation
@@ -178,10 +179,7 @@ def _renamed(gguf_file: GGUFFile, table: dict[str, str]) -> dict[str, Tensor]:
     """Apply a GGUF name table to every tensor: refuse missing, extra or misshapen ones."""
     hp = smollm2_hparams(gguf_file)  # also checks the architecture
     shapes = expected_shapes(hp)
-    names: dict[str, str] = {}
-    for gguf_name, ours in table.items():
-        for i in range(hp["n_layers"]) if "{i}" in gguf_name else [None]:
-            names[gguf_name.format(i=i)] = ours.format(i=i)
+    names = expand_names(table, hp["n_layers"])
     stored = gguf_file.tensors
     missing = [name for name in names if name not in stored]
     if missing:
@@ -304,6 +302,21 @@ def load_smollm2_tokenizer(path: str | Path | None = None) -> VocabBPETokenizer:
     )
 
 
+def _chat_turns(messages: list[dict[str, str]]) -> list[tuple[str, str]]:
+    """(role, content) of every turn, the default system prompt first when none is given."""
+    if not isinstance(messages, list):
+        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
+    for k, message in enumerate(messages):
+        if not isinstance(message, dict) or not all(
+                isinstance(message.get(key), str) for key in ("role", "content")):
+            raise TypeError(f"message {k} must be a dict with str 'role' and 'content', got "
+                            f"{message!r:.80}")
+    turns = [(m["role"], m["content"]) for m in messages]
+    if turns and turns[0][0] != "system":
+        turns.insert(0, ("system", DEFAULT_SYSTEM_PROMPT))
+    return turns
+
+
 def smollm2_chat_prompt(
     messages: list[dict[str, str]], add_generation_prompt: bool = True
 ) -> str:
@@ -324,18 +337,8 @@ def smollm2_chat_prompt(
     <|im_start|>assistant
     <BLANKLINE>
     """
-    if not isinstance(messages, list):
-        raise TypeError(f"messages must be a list of dicts, got {type(messages).__name__}")
-    for k, message in enumerate(messages):
-        if not isinstance(message, dict) or not all(
-                isinstance(message.get(key), str) for key in ("role", "content")):
-            raise TypeError(f"message {k} must be a dict with str 'role' and 'content', got "
-                            f"{message!r:.80}")
-    parts = []
-    if messages and messages[0]["role"] != "system":
-        parts.append(f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n")
-    for message in messages:
-        parts.append(f"<|im_start|>{message['role']}\n{message['content']}<|im_end|>\n")
+    parts = [f"<|im_start|>{role}\n{content}<|im_end|>\n"
+             for role, content in _chat_turns(messages)]
     if add_generation_prompt:
         parts.append("<|im_start|>assistant\n")
     return "".join(parts)
@@ -352,18 +355,13 @@ def smollm2_chat_ids(
     cannot forge a turn: those characters are encoded as text, not as the special tokens the
     template itself places.
     """
-    text = smollm2_chat_prompt(messages, add_generation_prompt)  # validates the messages
     start, end = (tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>"))
-    turns = list(messages)
-    if messages and messages[0]["role"] != "system":
-        turns.insert(0, {"role": "system", "content": DEFAULT_SYSTEM_PROMPT})
     ids: list[int] = []
-    for message in turns:
-        ids += [start, *tokenizer.encode_ordinary(f"{message['role']}\n{message['content']}"),
+    for role, content in _chat_turns(messages):
+        ids += [start, *tokenizer.encode_ordinary(f"{role}\n{content}"),
                 end, *tokenizer.encode_ordinary("\n")]
     if add_generation_prompt:
         ids += [start, *tokenizer.encode_ordinary("assistant\n")]
-    assert text  # the rendered prompt describes the same turns
     return ids
 
 

@@ -34,7 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tfbook.generate.search import check_request, left_pad, next_logits, positions_from_mask
+from tfbook.config import is_int, is_number
+from tfbook.generate.search import (
+    check_request,
+    left_pad,
+    model_vocab_size,
+    next_logits,
+    positions_from_mask,
+)
 
 # The score Hugging Face gives a candidate that must not be chosen (a placeholder beam, a
 # finished one among the running beams, ...): far below any real sum of log-probabilities,
@@ -79,13 +86,8 @@ class PlainBeamResult:
         return self.hypotheses[0]
 
 
-def _model_vocab_size(model: nn.Module) -> int:
-    config = model.config
-    return getattr(config, "vocab_size", None) or config.tgt_vocab_size
-
-
 def _check_num_beams(num_beams: int) -> None:
-    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral):
+    if not is_int(num_beams):
         raise TypeError(f"num_beams must be an int >= 1, got {num_beams!r} "
                         f"of type {type(num_beams).__name__}")
     if num_beams < 1:
@@ -127,7 +129,7 @@ def beam_search_plain(
                          f"{tuple(memory.shape)}")
     end_ids = _end_id_list(end_ids)
     check_request(len(prompt), max_new_tokens, model.config.max_len, end_ids,
-                  _model_vocab_size(model))
+                  model_vocab_size(model))
     device = next(model.parameters()).device
     live = [Hypothesis(tokens=[], score=0.0, finished=False)]
     finished: list[Hypothesis] = []
@@ -183,7 +185,7 @@ class BeamResult:
 
 
 def _check_length_penalty(length_penalty: float) -> float:
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real):
+    if not is_number(length_penalty):
         raise TypeError(f"length_penalty must be a finite number, got {length_penalty!r} "
                         f"of type {type(length_penalty).__name__}")
     if not math.isfinite(length_penalty):
@@ -284,18 +286,18 @@ def beam_search(
     _check_num_beams(num_beams)
     K = int(num_beams)
     R = K if num_return_sequences is None else num_return_sequences
-    if isinstance(R, bool) or not isinstance(R, numbers.Integral) or not 1 <= R <= K:
+    if not is_int(R) or not 1 <= R <= K:
         raise ValueError(f"num_return_sequences must be an int in [1, num_beams={K}], got {R!r}")
     length_penalty = _check_length_penalty(length_penalty)
     _check_early_stopping(early_stopping)
-    if isinstance(pad_id, bool) or not isinstance(pad_id, numbers.Integral):
+    if not is_int(pad_id):
         raise TypeError(f"pad_id must be an int, got {pad_id!r}")
     ids, mask = _prompt_batch(prompts, attention_mask, pad_id)
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
     end_ids = _end_id_list(end_ids)
     check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids,
-                  _model_vocab_size(model))
+                  model_vocab_size(model))
     B, T = ids.size()
     N = max_new_tokens
     if memory is not None:

@@ -21,20 +21,11 @@ Shape legend: B batch, V vocab; logits are (..., V), usually (B, V).
 """
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
-
-def _is_real(value: object) -> bool:
-    """A Python or NumPy number (a bool is not a number here)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_int(value: object) -> bool:
-    """A Python or NumPy integer (a bool is not an int here)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+from tfbook.config import is_int, is_number
 
 
 def _check_logits(logits: Tensor) -> None:
@@ -57,7 +48,7 @@ def _check_logits(logits: Tensor) -> None:
 
 def _check_temperature(temperature: float) -> float:
     """A finite number >= 0 (0 = greedy) -> that number as a float."""
-    if not _is_real(temperature):
+    if not is_number(temperature):
         raise TypeError(
             f"temperature must be a number >= 0 (0 = greedy), got {temperature!r} "
             f"of type {type(temperature).__name__}"
@@ -71,7 +62,7 @@ def _check_temperature(temperature: float) -> float:
 
 def _check_top_k(top_k: int) -> int:
     """An int >= 1 -> that int (no top-k filtering is top_k=None, checked by the caller)."""
-    if not _is_int(top_k):
+    if not is_int(top_k):
         raise TypeError(
             f"top_k must be an int >= 1 (or None for no top-k), got {top_k!r} "
             f"of type {type(top_k).__name__}"
@@ -86,7 +77,7 @@ def _check_top_k(top_k: int) -> int:
 
 def _check_top_p(top_p: float) -> float:
     """A number in (0, 1] -> that number as a float (1 = no top-p filtering in a chain)."""
-    if not _is_real(top_p):
+    if not is_number(top_p):
         raise TypeError(
             f"top_p must be a number in (0, 1] (or None for no top-p), got {top_p!r} "
             f"of type {type(top_p).__name__}"
@@ -98,7 +89,7 @@ def _check_top_p(top_p: float) -> float:
 
 def _check_min_tokens(min_tokens_to_keep: int) -> int:
     """An int >= 1: how many of the most likely tokens a filter never removes."""
-    if not _is_int(min_tokens_to_keep):
+    if not is_int(min_tokens_to_keep):
         raise TypeError(
             f"min_tokens_to_keep must be an int >= 1, got {min_tokens_to_keep!r} "
             f"of type {type(min_tokens_to_keep).__name__}"
@@ -119,7 +110,7 @@ def _check_filters(
 
 def _check_filter_value(filter_value: float) -> float:
     """The value written over removed tokens: any number but NaN (-inf removes them)."""
-    if not _is_real(filter_value):
+    if not is_number(filter_value):
         raise TypeError(
             f"filter_value must be a number, usually -inf, got {filter_value!r} "
             f"of type {type(filter_value).__name__}"

@@ -79,6 +79,12 @@ def next_logits(
     return out.logits[:, -1]  # (B, V)
 
 
+def model_vocab_size(model: nn.Module) -> int:
+    """V of the tokens the model writes (a decoder's vocab_size, a seq2seq's target vocab)."""
+    config = model.config
+    return getattr(config, "vocab_size", None) or config.tgt_vocab_size
+
+
 def check_request(
     T: int, max_new_tokens: int, max_len: int, end_ids: Sequence[int], vocab_size: int
 ) -> None:
@@ -142,9 +148,8 @@ def generate(
         ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(next(model.parameters()).device), mask.to(ids.device)
     end_ids = [end_ids] if isinstance(end_ids, int) else list(end_ids)
-    config = model.config
-    vocab_size = getattr(config, "vocab_size", None) or config.tgt_vocab_size
-    check_request(ids.size(1), max_new_tokens, config.max_len, end_ids, vocab_size)
+    check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids,
+                  model_vocab_size(model))
     B, T = ids.size()
     # room for exactly the positions this call can fill, not the whole context
     cache = model.new_cache(T + max_new_tokens) if use_cache else None

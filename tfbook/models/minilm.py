@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor
 
+from tfbook.checkpoints.names import expand_names
 from tfbook.models.bert import Bert, BertConfig
 from tfbook.tokenizers.wordpiece import WordPieceTokenizer
 
@@ -85,11 +86,7 @@ def bert_config_from_hf(hf: dict) -> BertConfig:
 
 def rename_hf_bert(hf_tensors: dict[str, Tensor], n_layer: int) -> dict[str, Tensor]:
     """Apply HF_TO_TFBOOK to every stored tensor; raise on names the table does not know."""
-    table = {}
-    for hf_name, ours in HF_TO_TFBOOK.items():
-        layers = range(n_layer) if "{i}" in hf_name else [None]
-        for i in layers:
-            table[hf_name.format(i=i)] = None if ours is None else ours.format(i=i)
+    table = expand_names(HF_TO_TFBOOK, n_layer)
     unknown = sorted(set(hf_tensors) - set(table))
     if unknown:
         raise ValueError(
