@@ -1,0 +1,118 @@
+"""Checkpoints without pickle: tensors in safetensors files, everything else in JSON.
+
+    <dir>/model.safetensors      the model's weights (a tied matrix stored once)
+    <dir>/optimizer.safetensors  AdamW's moments per parameter, and the random-number states
+    <dir>/state.json             the model's class and config, the optimiser's settings, the
+                                 loop's step and history
+
+Loading a pickle can run any code its author chose; these files hold only numbers and text.
+A checkpoint refuses to load into a model of another class or config, or with tensors missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+
+MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.safetensors", "state.json"
+
+
+def describe_model(model: nn.Module) -> dict[str, Any]:
+    """What a checkpoint must match: the model's class and its config (as plain JSON)."""
+    config = getattr(model, "config", None)
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None
+    return {"class": type(model).__name__, "config": json.loads(json.dumps(fields))}
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """AdamW's state as flat tensors 'state.<param index>.<name>' plus its JSON settings."""
+    saved = optimizer.state_dict()
+    tensors = {}
+    for index, state in saved["state"].items():
+        for name, value in state.items():
+            tensors[f"state.{index}.{name}"] = torch.as_tensor(value).contiguous()
+    groups = [{k: v for k, v in group.items()} for group in saved["param_groups"]]
+    return tensors, {"param_groups": groups}
+
+
+def save_checkpoint(
+    directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+    state: dict[str, Any] | None = None, rng: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write model (+ optimiser, random states, loop state) into `directory`; return it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(directory / MODEL_FILE))
+    info = {"model": describe_model(model), "loop": state or {}}
+    tensors = {f"rng.{k}": v.contiguous() for k, v in (rng or {}).items()}
+    if optimizer is not None:
+        opt_tensors, info["optimizer"] = _optimizer_tensors(optimizer)
+        tensors.update(opt_tensors)
+    save_file(tensors or {"empty": torch.zeros(0)}, str(directory / OPTIMIZER_FILE))
+    (directory / STATE_FILE).write_text(json.dumps(info, indent=1), encoding="utf-8")
+    return directory
+
+
+def _read_state(directory: Path) -> dict[str, Any]:
+    path = directory / STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint in {directory}: {STATE_FILE} is missing")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(info, dict) or not isinstance(info.get("model"), dict):
+        raise ValueError(f"{path} must hold an object with a 'model' entry, got {info!r:.80}")
+    return info
+
+
+def load_checkpoint(
+    directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Load weights (and the optimiser's state) in place; return (loop state, random states).
+
+    Raises ValueError if the checkpoint belongs to another model class or config, or if a
+    tensor is missing, extra or of another shape.
+    """
+    directory = Path(directory)
+    info = _read_state(directory)
+    expected, found = describe_model(model), info["model"]
+    if expected != found:
+        raise ValueError(
+            f"the checkpoint in {directory} is of another model: it holds {found['class']} "
+            f"{found.get('config')}, this model is {expected['class']} {expected['config']}"
+        )
+    try:
+        missing, unexpected = load_model(model, str(directory / MODEL_FILE), strict=False)
+    except (SafetensorError, OSError, RuntimeError) as error:
+        raise ValueError(f"cannot load {directory / MODEL_FILE}: {error}") from None
+    if missing or unexpected:
+        raise ValueError(f"{directory / MODEL_FILE} does not fit {expected['class']}: missing "
+                         f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    try:
+        tensors = load_file(str(directory / OPTIMIZER_FILE))
+    except (SafetensorError, OSError) as error:
+        raise ValueError(f"cannot load {directory / OPTIMIZER_FILE}: {error}") from None
+    if optimizer is not None:
+        if "optimizer" not in info:
+            raise ValueError(f"the checkpoint in {directory} holds no optimiser state")
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith("state."):
+                _, index, name = key.split(".", 2)
+                state.setdefault(int(index), {})[name] = value
+        try:
+            groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g
+                      for g in info["optimizer"]["param_groups"]]  # JSON made the tuple a list
+            optimizer.load_state_dict({"state": state, "param_groups": groups})
+        except (ValueError, KeyError) as error:
+            raise ValueError(f"the optimiser state in {directory} does not fit: {error}") from None
+    rng = {k[4:]: v for k, v in tensors.items() if k.startswith("rng.")}
+    return info["loop"], rng

@@ -1,0 +1,106 @@
+"""Training data as tensors: windows of a token stream, and padded sequence-to-sequence batches.
+
+A language model learns from every position at once (teacher forcing): a window of T + 1
+tokens gives T inputs and, shifted by one, the T tokens that follow them.
+
+    stream [5, 8, 2, 9, 4], T = 4  ->  x = [5, 8, 2, 9],  y = [8, 2, 9, 4]
+
+Shape legend: B batch, T window length, S source length, N stream length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from tfbook.config import is_int
+from tfbook.losses import IGNORE_INDEX
+
+
+def _check_stream(ids: Tensor, name: str = "ids") -> None:
+    if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point or (
+        ids.dtype == torch.bool
+    ):
+        given = f"{ids.dtype} tensor of shape {tuple(ids.shape)}" if isinstance(
+            ids, Tensor) else type(ids).__name__
+        raise TypeError(f"{name} must be a 1-D integer tensor (N,) of token ids, got {given}")
+
+
+def split_stream(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
+    """Split a token stream (N,) into train and validation parts: the last `val_fraction` of
+    the tokens is held out, so no validation window overlaps a training one."""
+    _check_stream(ids)
+    if not isinstance(val_fraction, int | float) or isinstance(val_fraction, bool) or not (
+        0.0 < val_fraction < 1.0
+    ):
+        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction!r}")
+    cut = int(round(len(ids) * (1.0 - val_fraction)))
+    return ids[:cut], ids[cut:]
+
+
+def random_windows(
+    ids: Tensor, batch_size: int, T: int, generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """B random windows of a stream (N,): inputs x (B, T) and targets y (B, T), y = x shifted
+    left by one token. The `generator` decides the starts (seeded: reproducible batches)."""
+    _check_stream(ids)
+    for name, value in (("batch_size", batch_size), ("T", T)):
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if len(ids) < T + 1:
+        raise ValueError(f"a window of T + 1 = {T + 1} tokens needs a stream at least that "
+                         f"long, got {len(ids)} tokens")
+    starts = torch.randint(0, len(ids) - T, (batch_size,), generator=generator)  # (B,)
+    offsets = torch.arange(T + 1)  # (T + 1,)
+    windows = ids[starts[:, None] + offsets]  # (B, T + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def sequential_windows(ids: Tensor, batch_size: int, T: int) -> list[tuple[Tensor, Tensor]]:
+    """Every token of a stream once, as consecutive (x, y) windows in batches of up to B:
+    the fixed set that evaluation averages over (the tail shorter than T + 1 is dropped)."""
+    _check_stream(ids)
+    n = (len(ids) - 1) // T  # number of whole windows
+    if n < 1:
+        raise ValueError(f"a window of T + 1 = {T + 1} tokens needs a stream at least that "
+                         f"long, got {len(ids)} tokens")
+    x = ids[: n * T].view(n, T)  # (n, T)
+    y = ids[1 : n * T + 1].view(n, T)  # (n, T)
+    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-pad id lists to one length: ids (B, L) and a mask (B, L), True at real tokens."""
+    if not seqs:
+        raise ValueError("need at least one sequence to pad, got none")
+    rows = [list(s) for s in seqs]
+    if any(not all(is_int(t) for t in row) for row in rows):
+        raise TypeError("each sequence must be a list of int token ids")
+    L = max(len(row) for row in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros(len(rows), L, dtype=torch.bool)  # (B, L)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = True
+    return ids, mask
+
+
+def seq2seq_batch(
+    sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], pad_id: int, bos_id: int,
+) -> dict[str, Tensor]:
+    """A padded encoder-decoder batch: src (B, S) with src_mask, the decoder input
+    [BOS] + target[:-1] (B, T) with tgt_mask, and the targets (B, T) with IGNORE_INDEX where
+    padded, so that padding never counts in the loss."""
+    if len(sources) != len(targets):
+        raise ValueError(f"sources and targets must pair up, got {len(sources)} and "
+                         f"{len(targets)}")
+    if any(len(t) == 0 for t in targets):
+        raise ValueError("every target needs at least one token, got an empty one")
+    src, src_mask = pad_sequences(sources, pad_id)
+    tgt, tgt_mask = pad_sequences(targets, pad_id)  # (B, T)
+    inp = torch.cat([torch.full_like(tgt[:, :1], bos_id), tgt[:, :-1]], dim=1)  # shifted right
+    labels = tgt.masked_fill(~tgt_mask, IGNORE_INDEX)  # (B, T)
+    return {"src": src, "src_mask": src_mask, "tgt_in": inp, "tgt_mask": tgt_mask,
+            "labels": labels}

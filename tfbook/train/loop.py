@@ -1,0 +1,247 @@
+"""One training loop for every model in the book: sample a batch, loss, backward, clip, step.
+
+    for step t = 0 .. steps - 1:
+        batch   = next_batch(generator)                # e.g. random (B, T) windows
+        loss    = loss_fn(model, batch)                # cross-entropy (+ label smoothing)
+        grads   = d loss / d weights                   # loss.backward()
+        grads  *= min(1, clip / ||grads||)             # optim.clip_grad_norm
+        lr      = base lr * schedule(t)                # schedules.warmup_cosine
+        weights = AdamW(weights, grads, lr)            # optim.adamw
+        every eval_every steps: mean loss on held-out batches, in eval mode
+
+A seeded generator draws the batches and torch's global generator drives dropout; both are
+saved in each checkpoint, so a run resumed from step k continues exactly as if it had never
+stopped. A tqdm bar shows the loss and the tokens per second.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from tfbook.config import check_choice, check_positive, is_int, is_number
+from tfbook.losses import IGNORE_INDEX, cross_entropy
+from tfbook.train.checkpoint import load_checkpoint, save_checkpoint
+from tfbook.train.optim import adamw, clip_grad_norm, global_grad_norm
+from tfbook.train.schedules import inverse_sqrt, warmup_cosine
+
+SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+Batch = Any  # whatever next_batch returns and loss_fn reads; (x, y) for a language model
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: the optimiser, the schedule, and how often to evaluate and save."""
+
+    steps: int = 1000  # optimiser steps in the whole run
+    lr: float = 3e-3  # peak learning rate
+    schedule: str = "cosine"  # "cosine" (warmup then cosine), "inverse_sqrt", or "constant"
+    warmup: int = 0  # steps of linear warmup
+    min_lr_ratio: float = 0.1  # the cosine ends at min_lr_ratio * lr
+    weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only
+    betas: tuple[float, float] = (0.9, 0.99)  # AdamW's moment decay rates
+    clip: float | None = 1.0  # max global gradient norm; None = no clipping
+    label_smoothing: float = 0.0  # eps of the smoothed targets, in [0, 1)
+    eval_every: int = 0  # evaluate every N steps (and at the end); 0 = only at the end
+    checkpoint_every: int = 0  # save every N steps into checkpoint_dir; 0 = only at the end
+    seed: int = 0  # seeds the batch generator and torch's global generator (dropout)
+
+    def __post_init__(self) -> None:
+        check_positive(self, "steps")
+        check_choice(self, "schedule", SCHEDULES)
+        for name in ("warmup", "eval_every", "checkpoint_every", "seed"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise ValueError(f"TrainConfig: {name} must be an int >= 0, got {value!r}")
+        if self.warmup > self.steps:
+            raise ValueError(f"TrainConfig: warmup ({self.warmup}) cannot exceed steps "
+                             f"({self.steps})")
+        if self.schedule == "inverse_sqrt" and self.warmup < 1:
+            raise ValueError("TrainConfig: the inverse_sqrt schedule needs warmup >= 1, got 0")
+        for name in ("lr", "weight_decay"):
+            value = getattr(self, name)
+            if not is_number(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"TrainConfig: {name} must be a finite number >= 0, "
+                                 f"got {value!r}")
+        if not is_number(self.min_lr_ratio) or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"TrainConfig: min_lr_ratio must lie in [0, 1], "
+                             f"got {self.min_lr_ratio!r}")
+        if not is_number(self.label_smoothing) or not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"TrainConfig: label_smoothing must lie in [0, 1), "
+                             f"got {self.label_smoothing!r}")
+        if self.clip is not None and (not is_number(self.clip) or not self.clip > 0):
+            raise ValueError(f"TrainConfig: clip must be a number > 0 or None, got {self.clip!r}")
+        if len(self.betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in self.betas):
+            raise ValueError(f"TrainConfig: betas must be two numbers in [0, 1), "
+                             f"got {self.betas!r}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimiser step `step` (0-based)."""
+        if self.schedule == "cosine":
+            return self.lr * warmup_cosine(step, self.steps, self.warmup, self.min_lr_ratio)
+        if self.schedule == "inverse_sqrt":  # scaled so that its peak (step W - 1) is lr
+            return self.lr * inverse_sqrt(step, 1, self.warmup) * math.sqrt(self.warmup)
+        return self.lr
+
+
+@dataclass
+class History:
+    """What a run measured: per step, and at each evaluation."""
+
+    step: list[int] = field(default_factory=list)  # optimiser step, 0-based
+    loss: list[float] = field(default_factory=list)  # training loss of that step's batch
+    lr: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)  # before clipping
+    tokens: list[int] = field(default_factory=list)  # tokens seen so far
+    eval_step: list[int] = field(default_factory=list)  # steps after which we evaluated
+    eval_loss: list[float] = field(default_factory=list)
+    seconds: float = 0.0  # wall-clock time spent in the loop (all sessions of a resumed run)
+
+
+def count_tokens(batch: Batch) -> int:
+    """Tokens that count in the loss: targets that are not IGNORE_INDEX."""
+    targets = batch["labels"] if isinstance(batch, dict) else batch[1]
+    return int((targets != IGNORE_INDEX).sum())
+
+
+def lm_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> Tensor:
+    """Next-token cross-entropy of a language model on a batch (x (B, T), y (B, T))."""
+    x, y = batch
+    logits = model(x).logits  # (B, T, V)
+    return cross_entropy(logits, y, label_smoothing=label_smoothing)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Sequence[Batch],
+             loss_fn: Callable[..., Tensor] = lm_loss) -> float:
+    """Mean loss per counted token over fixed batches, in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for batch in batches:
+        tokens = count_tokens(batch)
+        total += float(loss_fn(model, batch)) * tokens
+        n += tokens
+    model.train(was_training)
+    if n == 0:
+        raise ValueError("evaluate needs at least one batch with a counted target, got none")
+    return total / n
+
+
+def _rng_states(generator: torch.Generator) -> dict[str, Tensor]:
+    return {"data": generator.get_state(), "torch": torch.get_rng_state()}
+
+
+def train(
+    model: nn.Module,
+    next_batch: Callable[[torch.Generator], Batch],
+    config: TrainConfig,
+    *,
+    eval_batches: Sequence[Batch] | None = None,
+    loss_fn: Callable[..., Tensor] = lm_loss,
+    optimizer: torch.optim.Optimizer | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    stop_at: int | None = None,
+    on_eval: Callable[[int, nn.Module, History], None] | None = None,
+    progress: bool = True,
+) -> History:
+    """Train `model` in place for config.steps optimiser steps; return the History.
+
+    next_batch(generator) -> batch draws one batch; loss_fn(model, batch, label_smoothing)
+    -> scalar loss. With `checkpoint_dir`, saves there every config.checkpoint_every steps and
+    at the end; `resume=True` continues from the checkpoint found there (if any). `stop_at`
+    ends the session after that many steps (a run to be resumed later). on_eval(step, model,
+    history) runs after each evaluation (e.g. to print a sample).
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if stop_at is not None and (not is_int(stop_at) or not 0 < stop_at <= config.steps):
+        raise ValueError(f"stop_at must be an int in [1, {config.steps}], got {stop_at!r}")
+    if (resume or config.checkpoint_every) and checkpoint_dir is None:
+        raise ValueError("resume and checkpoint_every need a checkpoint_dir")
+    optimizer = optimizer or adamw(model, config.lr, config.betas, config.weight_decay)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    history, start = History(), 0
+    if resume and (Path(checkpoint_dir) / "state.json").exists():
+        loop, rng = load_checkpoint(checkpoint_dir, model, optimizer)
+        if loop.get("config") != _as_json(config):
+            raise ValueError(f"the checkpoint in {checkpoint_dir} was written by another "
+                             f"TrainConfig: {loop.get('config')}")
+        history = History(**loop["history"])
+        start = loop["step"]
+        generator.set_state(rng["data"])
+        torch.set_rng_state(rng["torch"])
+
+    def save(step: int) -> None:
+        state = {"step": step, "config": _as_json(config), "history": asdict(history)}
+        save_checkpoint(checkpoint_dir, model, optimizer, state, _rng_states(generator))
+
+    def run_eval(step: int) -> None:
+        if eval_batches:
+            history.eval_step.append(step)
+            history.eval_loss.append(evaluate(model, eval_batches, loss_fn))
+        if on_eval is not None:
+            on_eval(step, model, history)
+
+    end = config.steps if stop_at is None else stop_at
+    model.train()
+    seen = history.tokens[-1] if history.tokens else 0
+    began = time.perf_counter()
+    bar = tqdm(total=config.steps, initial=start, disable=not progress, file=sys.stderr,
+               mininterval=1.0, dynamic_ncols=False, ncols=90, desc="train")
+    for step in range(start, end):
+        if step == 0 and eval_batches:
+            run_eval(-1)  # the loss at initialisation, before any update (step -1)
+        lr = config.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = next_batch(generator)
+        loss = loss_fn(model, batch, config.label_smoothing)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"the loss became {float(loss)} at step {step}: lower "
+                                     f"the learning rate (now {lr:.3g}) or clip gradients")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = clip_grad_norm(params, config.clip) if config.clip else global_grad_norm(params)
+        optimizer.step()
+        seen += count_tokens(batch)
+        history.step.append(step)
+        history.loss.append(loss.item())
+        history.lr.append(lr)
+        history.grad_norm.append(float(norm))
+        history.tokens.append(seen)
+        elapsed = history.seconds + time.perf_counter() - began
+        bar.update(1)
+        bar.set_postfix(loss=f"{history.loss[-1]:.3f}", tok_s=f"{seen / max(elapsed, 1e-9):,.0f}",
+                        refresh=False)
+        last = step + 1 == config.steps
+        if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
+            run_eval(step)
+        every = config.checkpoint_every
+        if checkpoint_dir is not None and (step + 1 == end or (every and (step + 1) % every == 0)):
+            history.seconds += time.perf_counter() - began
+            began = time.perf_counter()
+            save(step + 1)
+    bar.close()
+    history.seconds += time.perf_counter() - began
+    return history
+
+
+def _as_json(config: TrainConfig) -> dict[str, Any]:
+    fields = asdict(config)
+    fields["betas"] = list(fields["betas"])
+    return fields

@@ -1,0 +1,76 @@
+"""The optimiser side of a step: AdamW with weight decay on matrices only, and gradient clipping.
+
+Weight decay (Loshchilov & Hutter 2019) pulls weights towards zero at each step,
+w <- w - lr * wd * w, apart from the Adam update. It is meant for the matrices that mix
+features; biases, norm gains and (as in nanoGPT and GPT-2 reproductions) nothing else with
+fewer than two dimensions are left alone.
+
+Clipping by the global norm (Pascanu et al. 2013): with g the concatenation of all gradients,
+
+    g <- g * min(1, max_norm / (||g||_2 + 1e-6))
+
+so a rare huge gradient cannot throw the weights far; equal to torch.nn.utils.clip_grad_norm_.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from tfbook.config import is_number
+
+
+def _check_rate(name: str, value: object, upper: float | None = None) -> None:
+    if not is_number(value) or not torch.isfinite(torch.tensor(float(value))) or value < 0 or (
+        upper is not None and value >= upper
+    ):
+        bound = f"[0, {upper})" if upper is not None else ">= 0 and finite"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: parameters with >= 2 dimensions decay, the rest (biases, gains) do not.
+    A tied matrix (embedding = output layer) appears once: model.parameters() deduplicates."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters")
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def adamw(
+    model: nn.Module, lr: float, betas: tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.1, eps: float = 1e-8,
+) -> torch.optim.AdamW:
+    """torch's AdamW over `param_groups(model, weight_decay)`."""
+    _check_rate("lr", lr)
+    _check_rate("weight_decay", weight_decay)
+    if len(betas) != 2:
+        raise ValueError(f"betas must be two numbers, got {betas!r}")
+    for b in betas:
+        _check_rate("each beta", b, upper=1.0)
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas),
+                             eps=eps)
+
+
+def global_grad_norm(params: Iterable[Tensor]) -> Tensor:
+    """||g||_2 over every gradient at once: the norm of the per-tensor norms."""
+    norms = [p.grad.detach().norm(2) for p in params if p.grad is not None]
+    if not norms:
+        return torch.tensor(0.0)
+    return torch.stack(norms).norm(2)
+
+
+def clip_grad_norm(params: Iterable[Tensor], max_norm: float) -> Tensor:
+    """Scale all gradients by min(1, max_norm / (||g|| + 1e-6)) in place; return ||g|| before."""
+    _check_rate("max_norm", max_norm)
+    params = [p for p in params if p.grad is not None]
+    total = global_grad_norm(params)
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.detach().mul_(scale)
+    return total
