@@ -48,5 +48,5 @@ def test_bad_input():
         cross_entropy(logits, torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"\[0, 5\) or equal ignore_index=-100, got .* \[0, 7\]"):
         cross_entropy(logits, torch.tensor([[0, 1, 7], [1, 1, 1]]))
-    with pytest.raises(ValueError, match=r"label_smoothing must lie in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"label_smoothing must lie in \[0, 1\), got 1.5"):
         cross_entropy(logits, torch.zeros(2, 3, dtype=torch.long), label_smoothing=1.5)

@@ -41,8 +41,7 @@ def cross_entropy(
             f"targets must have the shape of logits without the last dimension "
             f"{tuple(logits.shape[:-1])}, got {tuple(targets.shape)}"
         )
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
+    check_smoothing(label_smoothing)
     V = logits.size(-1)
     keep = targets != ignore_index  # (...)
     if keep.any() and (int(targets[keep].min()) < 0 or int(targets[keep].max()) >= V):
@@ -59,7 +58,16 @@ def cross_entropy(
     return (nll * keep).sum() / keep.sum()
 
 
+def check_smoothing(label_smoothing: float) -> None:
+    """eps must lie in [0, 1): at eps = 1 the target is uniform and says nothing about y."""
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, int | float) or not (
+        0.0 <= label_smoothing < 1.0
+    ):
+        raise ValueError(f"label_smoothing must lie in [0, 1), got {label_smoothing!r}")
+
+
 def smoothed_targets(targets: Tensor, V: int, label_smoothing: float) -> Tensor:
     """The target distribution of label smoothing: (...,) ids -> (..., V) rows summing to 1."""
+    check_smoothing(label_smoothing)
     one_hot = F.one_hot(targets, V).float()  # (..., V)
     return (1.0 - label_smoothing) * one_hot + label_smoothing / V

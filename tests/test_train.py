@@ -1,0 +1,275 @@
+"""tfbook.train: windows, schedules against their formulas, clipping == torch, checkpoints,
+determinism, and a resumed run equal to an uninterrupted one."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from tfbook.losses import IGNORE_INDEX
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.train.checkpoint import load_checkpoint, save_checkpoint
+from tfbook.train.data import (
+    pad_sequences,
+    random_windows,
+    seq2seq_batch,
+    sequential_windows,
+    split_stream,
+)
+from tfbook.train.loop import TrainConfig, evaluate, train
+from tfbook.train.optim import adamw, clip_grad_norm, param_groups
+from tfbook.train.schedules import inverse_sqrt, warmup_cosine
+
+CONFIG = dataclasses.replace(GPTConfig.tiny(), max_len=16, d_model=32, n_layers=1)
+
+
+def stream(n=2000, seed=0):
+    return torch.randint(0, CONFIG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+# --- data ----------------------------------------------------------------------------------
+
+def test_windows_are_shifted_by_one():
+    ids = torch.arange(100)
+    x, y = random_windows(ids, 5, 8, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (5, 8)
+    assert torch.equal(y, x + 1)  # in arange, the next token is the id plus one
+    again = random_windows(ids, 5, 8, torch.Generator().manual_seed(0))
+    assert torch.equal(again[0], x)  # the generator decides the windows
+
+
+def test_split_and_sequential_windows_cover_the_stream_once():
+    ids = torch.arange(1000)
+    train_ids, val_ids = split_stream(ids, 0.1)
+    assert len(train_ids) == 900 and torch.equal(torch.cat([train_ids, val_ids]), ids)
+    batches = sequential_windows(val_ids, 4, 10)
+    xs = torch.cat([x for x, _ in batches]).flatten()
+    assert torch.equal(xs, val_ids[: len(xs)]) and len(xs) == 90  # (100 - 1) // 10 windows
+    assert all(torch.equal(y, x + 1) for x, y in batches)
+
+
+def test_seq2seq_batch_pads_and_ignores_padding():
+    batch = seq2seq_batch([[5, 6, 7], [8]], [[1, 2], [3, 4, 9]], pad_id=0, bos_id=10)
+    assert batch["src"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["src_mask"].tolist() == [[True] * 3, [True, False, False]]
+    assert batch["tgt_in"].tolist() == [[10, 1, 2], [10, 3, 4]]
+    assert batch["labels"].tolist() == [[1, 2, IGNORE_INDEX], [3, 4, 9]]
+    ids, mask = pad_sequences([[1], [2, 3]], pad_id=-1)
+    assert ids.tolist() == [[1, -1], [2, 3]] and mask.sum() == 3
+
+
+def test_data_bad_input():
+    with pytest.raises(TypeError, match="1-D integer tensor"):
+        random_windows(torch.randn(50), 2, 4)
+    with pytest.raises(ValueError, match="T \\+ 1 = 11 tokens .* got 5 tokens"):
+        random_windows(torch.arange(5), 2, 10)
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        random_windows(torch.arange(50), 0, 4)
+    with pytest.raises(ValueError, match=r"val_fraction must lie in \(0, 1\), got 1.5"):
+        split_stream(torch.arange(10), 1.5)
+    with pytest.raises(ValueError, match="pair up, got 2 and 1"):
+        seq2seq_batch([[1], [2]], [[3]], 0, 1)
+    with pytest.raises(ValueError, match="empty"):
+        seq2seq_batch([[1]], [[]], 0, 1)
+
+
+# --- schedules -----------------------------------------------------------------------------
+
+def test_warmup_cosine_formula():
+    total, warmup, lo = 100, 10, 0.1
+    for t in range(warmup):
+        assert warmup_cosine(t, total, warmup, lo) == pytest.approx((t + 1) / warmup)
+    for t in range(warmup, total):
+        p = (t - warmup) / (total - 1 - warmup)
+        expected = lo + (1 - lo) * (1 + math.cos(math.pi * p)) / 2
+        assert warmup_cosine(t, total, warmup, lo) == pytest.approx(expected)
+    assert warmup_cosine(warmup, total, warmup, lo) == 1.0
+    assert warmup_cosine(total - 1, total, warmup, lo) == pytest.approx(lo)
+
+
+def test_inverse_sqrt_is_vaswani_eq3():
+    C, W = 512, 4000
+    for n in (1, 100, 3999, 4000, 4001, 10**5):
+        assert inverse_sqrt(n - 1, C, W) == pytest.approx(C**-0.5 * min(n**-0.5, n * W**-1.5))
+    peak = max(range(8000), key=lambda t: inverse_sqrt(t, C, W))
+    assert peak == W - 1  # the step counted from 1 is W
+
+
+def test_schedule_bad_input():
+    with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
+        warmup_cosine(0, 10, -1)
+    with pytest.raises(ValueError, match="cannot be longer"):
+        warmup_cosine(0, 10, 20)
+    with pytest.raises(ValueError, match="warmup must be >= 1"):
+        inverse_sqrt(0, 64, 0)
+
+
+# --- optimiser -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_norm", [1e-3, 0.5, 1e3])
+def test_clip_equals_torch(max_norm):
+    torch.manual_seed(0)
+    a, b = GPT(CONFIG), GPT(CONFIG)
+    b.load_state_dict(a.state_dict())
+    x = stream(200)[:128].view(8, 16)
+    for model in (a, b):
+        model(x, targets=x).loss.backward()
+    ours = clip_grad_norm(list(a.parameters()), max_norm)
+    theirs = torch.nn.utils.clip_grad_norm_(list(b.parameters()), max_norm)
+    assert torch.allclose(ours, theirs, rtol=1e-6)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-6, atol=1e-12)
+
+
+def test_weight_decay_only_on_matrices():
+    groups = param_groups(GPT(CONFIG), 0.1)
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and groups[0]["weight_decay"] == 0.1
+    assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[1]["weight_decay"] == 0.0
+    n = sum(p.numel() for g in groups for p in g["params"])
+    assert n == sum(p.numel() for p in GPT(CONFIG).parameters())  # tied matrix counted once
+
+
+# --- the loop ------------------------------------------------------------------------------
+
+def run(config, seed=1, **kwargs):
+    torch.manual_seed(seed)
+    model = GPT(dataclasses.replace(CONFIG, dropout=0.1))
+    ids = stream()
+    history = train(model, lambda g: random_windows(ids, 4, 16, g), config,
+                    eval_batches=sequential_windows(stream(300, 1), 8, 16), progress=False,
+                    **kwargs)
+    return model, history
+
+
+def test_loss_falls_and_init_loss_is_log_v():
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    x = torch.arange(64).view(4, 16) % CONFIG.vocab_size  # a stream that repeats: learnable
+    history = train(model, lambda g: (x, (x + 1) % CONFIG.vocab_size),
+                    TrainConfig(steps=60, warmup=5), eval_batches=[(x, (x + 1) % 256)],
+                    progress=False)
+    assert history.eval_step[0] == -1
+    assert abs(history.eval_loss[0] - math.log(CONFIG.vocab_size)) < 0.1  # untrained: uniform
+    assert history.eval_loss[-1] < 0.5 * history.eval_loss[0]
+    assert history.tokens[-1] == 60 * x.numel()
+
+
+def test_same_seed_same_curve_and_other_seed_differs():
+    config = TrainConfig(steps=8, warmup=2, eval_every=4)
+    _, h1 = run(config)
+    _, h2 = run(config)
+    _, h3 = run(dataclasses.replace(config, seed=1))
+    assert h1.loss == h2.loss and h1.eval_loss == h2.eval_loss
+    assert h1.loss != h3.loss
+
+
+def test_resumed_run_equals_uninterrupted(tmp_path):
+    config = TrainConfig(steps=12, warmup=3, eval_every=4, checkpoint_every=5)
+    whole, h_whole = run(dataclasses.replace(config, checkpoint_every=0))
+    run(config, checkpoint_dir=tmp_path, stop_at=7)  # saved at 5 and at the stop, 7
+    assert json.loads((tmp_path / "state.json").read_text())["loop"]["step"] == 7
+    resumed, h_resumed = run(config, seed=99, checkpoint_dir=tmp_path, resume=True)
+    assert h_resumed.loss == h_whole.loss and h_resumed.eval_loss == h_whole.eval_loss
+    for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values(),
+                            strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    optimizer = adamw(model, 1e-3)
+    x = stream(64)[:64].view(4, 16)
+    model(x, targets=x).loss.backward()
+    optimizer.step()
+    save_checkpoint(tmp_path, model, optimizer, {"step": 1})
+    assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.pkl"))
+    copy = GPT(CONFIG)
+    copy_opt = adamw(copy, 1e-3)
+    state, _ = load_checkpoint(tmp_path, copy, copy_opt)
+    assert state == {"step": 1}
+    pairs = zip(model.parameters(), copy.parameters(), strict=True)
+    assert all(torch.equal(p, q) for p, q in pairs)
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"],
+                       copy_opt.state_dict()["state"][0]["exp_avg"])
+    with pytest.raises(ValueError, match="of another model: it holds GPT .* this model is GPT"):
+        load_checkpoint(tmp_path, GPT(dataclasses.replace(CONFIG, d_model=64)))
+    with pytest.raises(ValueError, match="another model: it holds GPT"):
+        load_checkpoint(tmp_path, nn.Linear(2, 2))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nowhere", model)
+    (tmp_path / "state.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_checkpoint(tmp_path, model)
+
+
+def test_checkpoint_with_missing_tensors(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = GPT(CONFIG)
+    save_checkpoint(tmp_path, model)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    tensors.pop(next(iter(tensors)))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="does not fit GPT: missing"):
+        load_checkpoint(tmp_path, GPT(CONFIG))
+
+
+def test_evaluate_restores_mode_and_counts_tokens():
+    model = GPT(CONFIG).train()
+    x = stream(64)[:32].view(2, 16)
+    y = x.clone()
+    y[1] = IGNORE_INDEX
+    loss = evaluate(model, [(x, y)])
+    assert model.training
+    model.eval()
+    with torch.no_grad():
+        assert loss == pytest.approx(float(model(x[:1], targets=y[:1]).loss), rel=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"lr": -1e-3}, "lr must be a finite number >= 0, got -0.001"),
+    ({"lr": float("nan")}, "lr must be a finite number >= 0"),
+    ({"warmup": -1}, "warmup must be an int >= 0, got -1"),
+    ({"warmup": 20, "steps": 10}, r"warmup \(20\) cannot exceed steps \(10\)"),
+    ({"label_smoothing": 1.0}, r"label_smoothing must lie in \[0, 1\), got 1.0"),
+    ({"label_smoothing": -0.1}, r"label_smoothing must lie in \[0, 1\)"),
+    ({"steps": 0}, "steps must be a positive int, got 0"),
+    ({"schedule": "linear"}, "schedule must be one of"),
+    ({"clip": 0}, "clip must be a number > 0 or None, got 0"),
+    ({"betas": (0.9, 1.0)}, "betas must be two numbers in"),
+    ({"schedule": "inverse_sqrt"}, "needs warmup >= 1"),
+])
+def test_train_config_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_train_bad_input(tmp_path):
+    model = GPT(CONFIG)
+    long = torch.zeros(1, CONFIG.max_len + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="exceeds the model.s context length 16"):
+        train(model, lambda g: (long, long), TrainConfig(steps=1), progress=False)
+    with pytest.raises(TypeError, match="config must be a TrainConfig, got dict"):
+        train(model, lambda g: None, {"steps": 1})
+    with pytest.raises(ValueError, match="need a checkpoint_dir"):
+        train(model, lambda g: None, TrainConfig(steps=2, checkpoint_every=1))
+    with pytest.raises(ValueError, match=r"stop_at must be an int in \[1, 2\], got 5"):
+        train(model, lambda g: None, TrainConfig(steps=2), stop_at=5)
+    x = stream(64)[:32].view(2, 16)
+    train(model, lambda g: (x, x), TrainConfig(steps=1), checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="another TrainConfig"):
+        train(model, lambda g: (x, x), TrainConfig(steps=3), checkpoint_dir=tmp_path,
+              resume=True, progress=False)
+
+
+def test_diverging_loss_is_reported():
+    model = GPT(CONFIG)
+    x = stream(64)[:32].view(2, 16)
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("inf"))
+    with pytest.raises(FloatingPointError, match="the loss became nan at step 0"):
+        train(model, lambda g: (x, x), TrainConfig(steps=1), progress=False)
