@@ -4,6 +4,8 @@
 
 1. GPT forward + backward, tokens/s: tfbook's GPT vs the same architecture assembled from
    nn.TransformerEncoderLayer (pre-LN, causal), same weights, same batch. Goal >= 0.9x.
+   Also whole training steps (forward, backward, clipping, AdamW) through tfbook.train's loop
+   for both models.
 2. Sentence encoding, sentences/s: tfbook's all-MiniLM-L6-v2 vs sentence-transformers, same
    64 sentences in one batch; both sides tokenise with the same HF tokenizer inside the timed
    call, so the difference is the model. Goal >= 0.8x.
@@ -38,6 +40,7 @@ from tfbook.masks import causal_mask  # noqa: E402
 from tfbook.models.gpt import GPT, GPTConfig  # noqa: E402
 from tfbook.models.minilm import load_minilm, minilm_dir, sentence_embeddings  # noqa: E402
 from tfbook.torch_reference import copy_encoder_layer  # noqa: E402
+from tfbook.train.loop import TrainConfig, train  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 RESULTS = ROOT / "bench" / "results" / "model.json"
@@ -128,12 +131,29 @@ def bench_gpt() -> dict:
         "theirs": step(theirs, theirs),
     }, repeats=5)
     t_ours, t_theirs = t["ours"], t["theirs"]
+
+    # whole training steps through tfbook's loop (forward, backward, clipping, AdamW)
+    steps = TrainConfig(steps=3, warmup=1)
+
+    def loop(model, logits_of):
+        def loss_fn(model_, batch, label_smoothing):
+            return F.cross_entropy(logits_of(batch[0]).view(B * T, -1), batch[1].view(-1))
+        return lambda: train(model, lambda g: (idx, targets), steps, loss_fn=loss_fn,
+                             progress=False)
+
+    t_loop = median_times({
+        "ours": loop(ours, lambda i: ours(i).logits),
+        "theirs": loop(theirs, theirs),
+    }, repeats=3, warmup=1)
     return {
         "config": asdict(GPT_BENCH) | {"B": B, "T": T},
         "max_abs_logit_diff": diff,
         "tfbook_tokens_per_s": B * T / t_ours,
         "torch_nn_tokens_per_s": B * T / t_theirs,
         "ratio": t_theirs / t_ours,
+        "train_step_tfbook_tokens_per_s": steps.steps * B * T / t_loop["ours"],
+        "train_step_torch_nn_tokens_per_s": steps.steps * B * T / t_loop["theirs"],
+        "train_step_ratio": t_loop["theirs"] / t_loop["ours"],
         "tfbook_unfused_tokens_per_s": B * T / t["own_code"],
         "unfused_ratio": t_theirs / t["own_code"],
         "goal": 0.9,
@@ -291,6 +311,10 @@ def main() -> None:
     print(f"{'benchmark':<34}{'tfbook':>14}{'reference':>14}{'ratio':>8}{'goal':>7}")
     print(f"{'GPT fwd+bwd (tokens/s)':<34}{gpt['tfbook_tokens_per_s']:>14.0f}"
           f"{gpt['torch_nn_tokens_per_s']:>14.0f}{gpt['ratio']:>8.2f}{gpt['goal']:>7.1f}")
+    print(f"{'GPT train step, our loop (tok/s)':<34}"
+          f"{gpt['train_step_tfbook_tokens_per_s']:>14.0f}"
+          f"{gpt['train_step_torch_nn_tokens_per_s']:>14.0f}{gpt['train_step_ratio']:>8.2f}"
+          f"{gpt['goal']:>7.1f}")
     print(f"{'  same, fused=False (own kernels)':<34}{gpt['tfbook_unfused_tokens_per_s']:>14.0f}"
           f"{gpt['torch_nn_tokens_per_s']:>14.0f}{gpt['unfused_ratio']:>8.2f}{'-':>7}")
     print(f"{'MiniLM encode (sentences/s)':<34}{minilm['tfbook_sentences_per_s']:>14.1f}"

@@ -21,7 +21,7 @@ from tfbook.train.data import (
 )
 from tfbook.train.loop import TrainConfig, evaluate, train
 from tfbook.train.optim import adamw, clip_grad_norm, param_groups
-from tfbook.train.schedules import inverse_sqrt, warmup_cosine
+from tfbook.train.schedules import inverse_sqrt, warmup_cosine, warmup_linear
 
 CONFIG = dataclasses.replace(GPTConfig.tiny(), max_len=16, d_model=32, n_layers=1)
 
@@ -90,6 +90,24 @@ def test_warmup_cosine_formula():
     assert warmup_cosine(total - 1, total, warmup, lo) == pytest.approx(lo)
 
 
+def test_warmup_linear_formula():
+    for t in range(100):
+        assert warmup_linear(t, 100, 0, 0.0) == pytest.approx(1 - t / 100)
+    assert warmup_linear(4, 100, 5, 0.2) == 1.0
+    assert warmup_linear(55, 100, 5, 0.2) == pytest.approx(1 - 0.8 * 50 / 95)
+
+
+def test_config_learning_rates_follow_the_schedules():
+    cosine = TrainConfig(steps=50, lr=2e-3, warmup=5)
+    assert [cosine.lr_at(t) for t in range(50)] == [2e-3 * warmup_cosine(t, 50, 5) for t in
+                                                    range(50)]
+    paper = TrainConfig(steps=50, lr=1.0, schedule="inverse_sqrt", warmup=10)
+    peak = 512**-0.5 * 10**-0.5  # Vaswani et al.'s peak for C = 512, W = 10
+    assert paper.lr_at(9) == pytest.approx(1.0)
+    assert paper.lr_at(30) * peak == pytest.approx(inverse_sqrt(30, 512, 10))
+    assert TrainConfig(steps=5, schedule="constant").lr_at(4) == 3e-3
+
+
 def test_inverse_sqrt_is_vaswani_eq3():
     C, W = 512, 4000
     for n in (1, 100, 3999, 4000, 4001, 10**5):
@@ -142,6 +160,28 @@ def run(config, seed=1, **kwargs):
                     eval_batches=sequential_windows(stream(300, 1), 8, 16), progress=False,
                     **kwargs)
     return model, history
+
+
+def test_seq2seq_loss_trains_an_encoder_decoder():
+    from tfbook.models.transformer import Transformer, TransformerConfig
+    from tfbook.train.loop import seq2seq_loss
+
+    torch.manual_seed(0)
+    config = dataclasses.replace(TransformerConfig.tiny(), src_vocab_size=12,
+                                 tgt_vocab_size=12)
+    model = Transformer(config)
+    pairs = [([1, 2, 3], [3, 2, 1]), ([4, 5], [5, 4]), ([6, 7, 8, 9], [9, 8, 7, 6])]
+    batch = seq2seq_batch([p[0] for p in pairs], [p[1] for p in pairs], pad_id=0, bos_id=11)
+    # the padded target positions do not count: the loss equals the mean over real tokens
+    logits = model(batch["src"], batch["tgt_in"], src_mask=batch["src_mask"],
+                   tgt_mask=batch["tgt_mask"]).logits
+    keep = batch["tgt_mask"]
+    expected = torch.nn.functional.cross_entropy(logits[keep], batch["labels"][keep])
+    assert torch.allclose(seq2seq_loss(model, batch), expected, atol=1e-6)
+    history = train(model, lambda g: batch, TrainConfig(steps=40, lr=1e-2), loss_fn=seq2seq_loss,
+                    eval_batches=[batch], progress=False)
+    assert history.eval_loss[-1] < 0.2 * history.eval_loss[0]
+    assert history.tokens[-1] == 40 * 9  # 9 real target tokens per batch
 
 
 def test_loss_falls_and_init_loss_is_log_v():
@@ -238,7 +278,7 @@ def test_evaluate_restores_mode_and_counts_tokens():
     ({"label_smoothing": 1.0}, r"label_smoothing must lie in \[0, 1\), got 1.0"),
     ({"label_smoothing": -0.1}, r"label_smoothing must lie in \[0, 1\)"),
     ({"steps": 0}, "steps must be a positive int, got 0"),
-    ({"schedule": "linear"}, "schedule must be one of"),
+    ({"schedule": "step"}, "schedule must be one of"),
     ({"clip": 0}, "clip must be a number > 0 or None, got 0"),
     ({"betas": (0.9, 1.0)}, "betas must be two numbers in"),
     ({"schedule": "inverse_sqrt"}, "needs warmup >= 1"),

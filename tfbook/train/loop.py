@@ -32,9 +32,9 @@ from tfbook.config import check_choice, check_positive, is_int, is_number
 from tfbook.losses import IGNORE_INDEX, cross_entropy
 from tfbook.train.checkpoint import load_checkpoint, save_checkpoint
 from tfbook.train.optim import adamw, clip_grad_norm, global_grad_norm
-from tfbook.train.schedules import inverse_sqrt, warmup_cosine
+from tfbook.train.schedules import inverse_sqrt, warmup_cosine, warmup_linear
 
-SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+SCHEDULES = ("cosine", "linear", "inverse_sqrt", "constant")
 Batch = Any  # whatever next_batch returns and loss_fn reads; (x, y) for a language model
 
 
@@ -44,9 +44,9 @@ class TrainConfig:
 
     steps: int = 1000  # optimiser steps in the whole run
     lr: float = 3e-3  # peak learning rate
-    schedule: str = "cosine"  # "cosine" (warmup then cosine), "inverse_sqrt", or "constant"
+    schedule: str = "cosine"  # warmup then "cosine" or "linear" decay; "inverse_sqrt"; "constant"
     warmup: int = 0  # steps of linear warmup
-    min_lr_ratio: float = 0.1  # the cosine ends at min_lr_ratio * lr
+    min_lr_ratio: float = 0.1  # the cosine / linear decay ends at min_lr_ratio * lr
     weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only
     betas: tuple[float, float] = (0.9, 0.99)  # AdamW's moment decay rates
     clip: float | None = 1.0  # max global gradient norm; None = no clipping
@@ -88,6 +88,8 @@ class TrainConfig:
         """The learning rate of optimiser step `step` (0-based)."""
         if self.schedule == "cosine":
             return self.lr * warmup_cosine(step, self.steps, self.warmup, self.min_lr_ratio)
+        if self.schedule == "linear":
+            return self.lr * warmup_linear(step, self.steps, self.warmup, self.min_lr_ratio)
         if self.schedule == "inverse_sqrt":  # scaled so that its peak (step W - 1) is lr
             return self.lr * inverse_sqrt(step, 1, self.warmup) * math.sqrt(self.warmup)
         return self.lr
@@ -118,6 +120,15 @@ def lm_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> Ten
     x, y = batch
     logits = model(x).logits  # (B, T, V)
     return cross_entropy(logits, y, label_smoothing=label_smoothing)
+
+
+def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0
+                 ) -> Tensor:
+    """Cross-entropy of an encoder-decoder on a `data.seq2seq_batch` dict: the decoder reads
+    the target shifted right (teacher forcing) and predicts every target token at once."""
+    logits = model(batch["src"], batch["tgt_in"], src_mask=batch.get("src_mask"),
+                   tgt_mask=batch.get("tgt_mask")).logits  # (B, T, V)
+    return cross_entropy(logits, batch["labels"], label_smoothing=label_smoothing)
 
 
 @torch.no_grad()

@@ -2,6 +2,7 @@
 
     warmup_cosine:  lr(t) = lr_max * t / W                                  for t < W
                     lr(t) = lr_min + (lr_max - lr_min) (1 + cos(pi p)) / 2,  p = (t - W) / (S - W)
+    warmup_linear:  the same warmup, then a straight line from lr_max down to lr_min
     inverse_sqrt:   lr(t) = C^-1/2 * min(t^-1/2, t * W^-3/2)   (Vaswani et al. 2017, eq. 3)
 
 Steps t count from 0 here, and the inverse square root uses t + 1 (its formula counts from 1).
@@ -34,6 +35,17 @@ def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float = 0.1) ->
     progress = (step - warmup) / max(1, total - 1 - warmup)  # 0 -> 1 over the decay
     progress = min(progress, 1.0)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_linear(step: int, total: int, warmup: int, min_ratio: float = 0.0) -> float:
+    """Multiplier: linear warmup over W steps, then 1 - (1 - min_ratio) p with
+    p = (t - W) / (S - W), reaching min_ratio + (1 - min_ratio) / (S - W) at the last step.
+    With W = 0 and min_ratio = 0 it is 1 - t / S."""
+    _check(total, warmup, min_ratio)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / (total - warmup), 1.0)
+    return 1.0 - (1.0 - min_ratio) * progress
 
 
 def inverse_sqrt(step: int, d_model: int, warmup: int = 4000) -> float:
