@@ -222,7 +222,7 @@ def train(
         batch = next_batch(generator)
         loss = loss_fn(model, batch, config.label_smoothing)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"the loss became {float(loss)} at step {step}: lower "
+            raise FloatingPointError(f"the loss became {loss.item()} at step {step}: lower "
                                      f"the learning rate (now {lr:.3g}) or clip gradients")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

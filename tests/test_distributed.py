@@ -1,0 +1,207 @@
+"""Data parallelism on torch.distributed (gloo, CPU): two processes train exactly like one.
+
+The two-process runs are compared with independent references: plain autograd on the whole
+global batch (torch's own cross-entropy) for the first gradients, and one process running the
+same training loop for the weights after a few steps. The ring all-reduce simulation is
+compared with a plain sum, and the ZeRO memory formula with the paper's own example.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.train import distributed
+from tfbook.train.data import random_windows
+from tfbook.train.distributed import (
+    Variant,
+    check_shardable,
+    load_result,
+    max_difference,
+    ring_all_reduce,
+    ring_all_reduce_bytes,
+    run_data_parallel,
+    shard_batch,
+    train_single_process,
+    training_bytes_per_process,
+)
+from tfbook.train.loop import TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = replace(GPTConfig.tiny(), d_model=32, max_len=16)
+TRAIN = TrainConfig(steps=3, lr=3e-3, clip=None, seed=3)
+B, T = 4, 16
+IDS = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(0))
+VARIANTS = [Variant(), Variant(sync="allreduce"), Variant(optimizer="sgd", lr=0.1),
+            Variant(dtype="float64")]
+
+
+def full_batch_gradients(variant: Variant) -> dict[str, torch.Tensor]:
+    """The reference: one backward pass of torch's cross-entropy over the first global batch."""
+    torch.manual_seed(TRAIN.seed)
+    model = GPT(MODEL).to(distributed.DTYPES[variant.dtype])
+    x, y = random_windows(IDS, B, T, torch.Generator().manual_seed(TRAIN.seed))  # (B, T)
+    logits = model(x).logits  # (B, T, V)
+    F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def launch():
+    return run_data_parallel(MODEL, TRAIN, IDS, B, T, world_size=2, variants=VARIANTS,
+                             snapshot_steps=(1, 3), timeout=300)
+
+
+def test_replicas_stay_identical(launch):
+    for runs in launch.runs:
+        assert [r.rank for r in runs] == [0, 1] and runs[0].world_size == 2
+        assert max_difference(runs[0].weights, runs[1].weights) == 0.0
+        assert runs[0].losses != runs[1].losses  # each rank saw its own rows
+    assert sorted(launch.runs[0][0].snapshots) == [1, 3] and launch.runs[0][1].snapshots == {}
+
+
+def test_ddp_equals_hand_written_all_reduce(launch):
+    ddp, manual = launch.runs[0][0], launch.runs[1][0]
+    # two ranks: halving is exact, so DDP (divide, then sum) and the hooks (sum, then divide)
+    # give the same bits
+    assert max_difference(ddp.first_grads, manual.first_grads) == 0.0
+    assert max_difference(ddp.weights, manual.weights) == 0.0
+
+
+@pytest.mark.parametrize("v, tol", [(0, 1e-6), (1, 1e-6), (2, 1e-6), (3, 1e-14)])
+def test_averaged_gradients_equal_full_batch_gradients(launch, v, tol):
+    reference = full_batch_gradients(VARIANTS[v])
+    assert max_difference(launch.runs[v][0].first_grads, reference) <= tol
+
+
+@pytest.mark.parametrize("v, tol", [(0, 1e-4), (2, 1e-6), (3, 1e-10)])
+def test_weights_and_losses_equal_one_process(launch, v, tol):
+    single = train_single_process(MODEL, TRAIN, IDS, B, T, VARIANTS[v], snapshot_steps=(1, 3))
+    runs = launch.runs[v]
+    assert max_difference(runs[0].weights, single.weights) <= tol
+    for k in (1, 3):
+        assert (runs[0].snapshots[k] - single.snapshots[k]).abs().max() <= tol
+    assert launch.global_losses(v) == pytest.approx(single.losses, abs=1e-5)
+    assert all(r.seconds > 0 and r.cpu_seconds > 0 for r in runs)
+
+
+def test_a_failing_process_is_reported_not_hung():
+    # SGD at a rate of 1e9 makes the loss non-finite: the loop raises in the children
+    with pytest.raises(Exception, match="FloatingPointError"):
+        run_data_parallel(MODEL, TRAIN, IDS, B, T, variants=[Variant(optimizer="sgd", lr=1e9)],
+                          timeout=120)
+
+
+def test_torchrun_script(tmp_path):
+    spec = importlib.util.spec_from_file_location("ddp_train", ROOT / "scripts" / "ddp_train.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["--steps", "2", "--data", "random", "--corpus-bytes", "3000", "--d-model", "32",
+            "--T", "16", "--batch-size", "4", "--out", str(tmp_path)]
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "scripts" / "ddp_train.py"), *argv],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 of 2" in done.stdout and "rank 1 of 2" in done.stdout
+    ranks = [load_result(tmp_path / f"rank{r}") for r in range(2)]
+    model_config, train_config, ids, variant = script.setup(script.parse_args(argv))
+    single = train_single_process(model_config, train_config, ids, 4, 16, variant)
+    assert max_difference(ranks[0].weights, ranks[1].weights) == 0.0
+    assert max_difference(ranks[0].first_grads, single.first_grads) <= 1e-6
+    assert max_difference(ranks[0].weights, single.weights) <= 1e-4
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7])
+def test_ring_all_reduce_sums_and_sends_2_p_minus_1_over_p(p):
+    gen = torch.Generator().manual_seed(p)
+    tensors = [torch.randn(6, 7, generator=gen, dtype=torch.float64) for _ in range(p)]
+    results, sent = ring_all_reduce(tensors)
+    total = torch.stack(tensors).sum(0)
+    assert all(torch.allclose(r, total, rtol=0, atol=1e-12) for r in results)
+    # each of the p chunks travels p - 1 times in each phase
+    assert sum(sent) == 2 * (p - 1) * total.numel()
+    even = 42 // p * p  # chunks of equal size
+    _, sent_even = ring_all_reduce([torch.ones(even) for _ in range(p)])
+    assert sent_even == [ring_all_reduce_bytes(even, p)] * p
+
+
+def test_zero_memory_matches_the_papers_example():
+    # Rajbhandari et al. 2020, figure 1: 7.5B parameters, 64 GPUs, K = 12
+    gb = [training_bytes_per_process(7_500_000_000, 64, stage) / 1e9 for stage in range(4)]
+    assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
+    assert training_bytes_per_process(1000, 1, 3) == training_bytes_per_process(1000, 1, 0)
+
+
+def test_shards_cover_the_batch_in_order():
+    x = torch.arange(12).view(6, 2)
+    shards = [shard_batch((x, x + 100), r, 3) for r in range(3)]
+    assert torch.equal(torch.cat([s[0] for s in shards]), x)
+    assert torch.equal(torch.cat([s[1] for s in shards]), x + 100)
+
+
+def test_bad_input_is_refused_before_any_process_starts(monkeypatch):
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(distributed.mp, "spawn", no_spawn)
+    run = distributed.run_data_parallel
+    with pytest.raises(ValueError, match="6 rows cannot be split evenly over 4 processes"):
+        run(MODEL, TRAIN, IDS, 6, T, world_size=4)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+            run(MODEL, TRAIN, IDS, B, T, world_size=bad)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        run(MODEL, TRAIN, IDS, 0, T)
+    with pytest.raises(ValueError, match=r"T must be an int in \[1, 16\]"):
+        run(MODEL, TRAIN, IDS, B, 17)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 256\)"):
+        run(MODEL, TRAIN, IDS + 300, B, T)
+    with pytest.raises(TypeError, match="ids must be a 1-D integer tensor"):
+        run(MODEL, TRAIN, IDS.float(), B, T)
+    with pytest.raises(ValueError, match="needs a stream at least that long"):
+        run(MODEL, TRAIN, IDS[:10], B, T)
+    with pytest.raises(TypeError, match="model_config must be a GPTConfig"):
+        run({"d_model": 32}, TRAIN, IDS, B, T)
+    with pytest.raises(TypeError, match="train_config must be a TrainConfig"):
+        run(MODEL, {"steps": 3}, IDS, B, T)
+    for bad in ([], "ddp", [Variant(), "sgd"]):
+        with pytest.raises(TypeError, match="variants must be a non-empty sequence of Variant"):
+            run(MODEL, TRAIN, IDS, B, T, variants=bad)
+    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+        run(MODEL, TRAIN, IDS, B, T, timeout=0)
+    with pytest.raises(ValueError, match=r"snapshot_steps must be a sequence of ints in \[1, 3\]"):
+        run(MODEL, TRAIN, IDS, B, T, snapshot_steps=(4,))
+
+
+def test_bad_variants_shards_and_sizes():
+    with pytest.raises(ValueError, match="Variant: sync must be one of"):
+        Variant(sync="nccl")
+    with pytest.raises(ValueError, match="Variant: optimizer must be one of"):
+        Variant(optimizer="lamb")
+    with pytest.raises(ValueError, match="Variant: dtype must be one of"):
+        Variant(dtype="float16")
+    with pytest.raises(ValueError, match="Variant: lr must be a finite number > 0"):
+        Variant(lr=-1.0)
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
+        train_single_process(MODEL, TRAIN, IDS, B, T, threads=0)
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\)"):
+        shard_batch((torch.zeros(4, 3), torch.zeros(4, 3)), 2, 2)
+    with pytest.raises(ValueError, match="5 rows cannot be split evenly over 2"):
+        check_shardable(5, 2)
+    with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+        ring_all_reduce_bytes(100, 0)
+    with pytest.raises(ValueError, match="one shape"):
+        ring_all_reduce([torch.zeros(3), torch.zeros(4)])
+    with pytest.raises(ValueError, match="stage must be one of"):
+        training_bytes_per_process(100, 2, stage=4)
+    with pytest.raises(ValueError, match="n_params must be an int >= 0"):
+        training_bytes_per_process(-5, 2)
