@@ -1,0 +1,248 @@
+"""The model in the reader's browser: a small tfbook GPT and its tokenizer as a page payload.
+
+    export_page_model(model, tokenizer, "float16")  ->  {"config", "weights", "tokenizer"}
+    static/gpt.js: loadPageModel(payload)  ->  the same forward pass, in plain JavaScript
+
+The payload is JSON. Each weight is the base64 of a little-endian typed array, in the layout
+torch keeps (a linear layer's weight is (out, in), so one output is one contiguous row):
+
+    float32   4 bytes a number, exact
+    float16   2 bytes a number (IEEE half); a matrix entry beyond 65,504 is an error
+    int8      1 byte a number plus one float32 scale per row: w = q * scale, with
+              scale = max |row| / 127 and q = round(w / scale) in [-127, 127]
+
+Only matrices are quantised; vectors (biases, LayerNorm gains) stay float32: they are about
+1% of the numbers and set the scale of everything after them. The tied output layer is the
+token embedding, stored once. With float16 or int8 weights the page computes the model
+whose weights are the de-quantised ones, `quantised_reference(model, dtype)`, in float32:
+that model is the reference the page is tested against.
+
+The tokenizer travels as what `encode` needs: tfbook's byte-level BPE (`BPETokenizer`; no
+merges is plain bytes) as its byte ids, its merges in rank order and its split pattern in
+JavaScript's syntax. JavaScript's regular expressions have no possessive quantifiers and
+their Unicode tables are the browser's, so the known patterns (GPT-2's, GPT-4's) are written
+out for JavaScript, with the letter, number and space classes spelled as the code point
+ranges Python's `regex` uses: the page splits exactly as Python does, in any browser.
+Shape legend: C model width, V vocab, F feed-forward width, T context length.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import functools
+import json
+from typing import Any
+
+import numpy as np
+import regex
+import torch
+from torch import Tensor
+
+from tfbook.models.gpt import GPT
+from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.tokenizers.pretokenize import GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN
+
+FORMAT = "tfbook-page-gpt"
+VERSION = 1
+DTYPES = ("float32", "float16", "int8")
+ACTIVATIONS = ("gelu_tanh", "gelu")  # what gpt.js computes
+FLOAT16_MAX = 65504.0
+
+# The split patterns gpt.js knows, in JavaScript's syntax (flag "u"). {L}, {N} and {WS} stand
+# for the members of Python's \p{L}, \p{N} and \s, written as code point ranges; [^{WS}] is
+# \S. A possessive quantifier (x++) never gives back what it took; in these patterns giving
+# back could not lead to another match, so the plain greedy x+ matches the same chunks.
+# (?i:s) also matches the long s, U+017F, in both languages.
+JS_SPLIT_PATTERNS = {
+    GPT2_SPLIT_PATTERN: (
+        r"'(?:[sdmt]|ll|ve|re)| ?[{L}]+| ?[{N}]+| ?[^{WS}{L}{N}]+|[{WS}]+$|[{WS}]+(?![^{WS}])"
+        r"|[{WS}]"
+    ),
+    GPT4_SPLIT_PATTERN: (
+        r"'(?:[sSſdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n{L}{N}]?[{L}]+|[{N}]{1,3}"
+        r"| ?[^{WS}{L}{N}]+[\r\n]*|[{WS}]+$|[{WS}]*[\r\n]|[{WS}]+(?![^{WS}])|[{WS}]"
+    ),
+}
+CHARACTER_CLASSES = {"L": r"\p{L}", "N": r"\p{N}", "WS": r"\s"}
+
+
+def check_page_model(model: GPT) -> None:
+    """Raise a clear error unless `model` is a GPT that gpt.js can run: learned positions,
+    LayerNorm, a GELU MLP, every head with its own keys and values, the head tied."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a tfbook GPT (tfbook.models.gpt.GPT), got "
+                        f"{type(model).__name__}")
+    config = model.config
+    wanted = {"position": "learned", "norm": "layer", "ffn": "mlp", "tie_weights": True}
+    for field, value in wanted.items():
+        if getattr(config, field) != value:
+            raise ValueError(f"the page runs GPTs with position='learned', norm='layer', "
+                             f"ffn='mlp' and tie_weights=True; this GPTConfig has "
+                             f"{field}={getattr(config, field)!r}")
+    if config.activation not in ACTIVATIONS:
+        raise ValueError(f"the page runs GPTs whose activation is one of {ACTIVATIONS}, got "
+                         f"activation={config.activation!r}")
+    if config.n_kv_heads not in (None, config.n_heads):
+        raise ValueError(f"the page runs plain multi-head attention (n_kv_heads=None), got "
+                         f"n_kv_heads={config.n_kv_heads} for n_heads={config.n_heads}")
+    if model.lm_head.weight is not model.tok_emb.weight:
+        raise ValueError("the model's lm_head.weight is not its tok_emb.weight: the page "
+                         "needs the output layer tied to the token embedding")
+
+
+def check_dtype(dtype: object) -> str:
+    """The storage type of the matrices: one of DTYPES."""
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return dtype
+
+
+def page_parameters(model: GPT) -> dict[str, Tensor]:
+    """The tensors the page needs, by their torch names: the state dict without the tied
+    lm_head.weight (it is tok_emb.weight)."""
+    return {name: tensor.detach().to("cpu", torch.float32)
+            for name, tensor in model.state_dict().items() if name != "lm_head.weight"}
+
+
+def _b64(array: np.ndarray) -> str:
+    return base64.b64encode(array.tobytes()).decode("ascii")
+
+
+def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
+    """One tensor as a payload entry {shape, dtype, data[, scale]}; vectors stay float32.
+
+    int8, per row r of a matrix: scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r)
+    (a row of zeros gets scale 1 and q = 0).
+    """
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"weight {name} holds NaN or infinite values: the page cannot run it")
+    w = weight.detach().to("cpu", torch.float32).numpy().astype("<f4")
+    stored = dtype if w.ndim == 2 else "float32"
+    entry: dict[str, Any] = {"shape": list(w.shape), "dtype": stored}
+    if stored == "float32":
+        entry["data"] = _b64(w)
+    elif stored == "float16":
+        if float(np.abs(w).max()) > FLOAT16_MAX:
+            raise ValueError(f"weight {name} has an entry of size {float(np.abs(w).max()):.4g}, "
+                             f"beyond float16's largest {FLOAT16_MAX:g}: use dtype 'float32'")
+        entry["data"] = _b64(w.astype("<f2"))
+    else:  # int8
+        absmax = np.abs(w).max(axis=1)  # (rows,)
+        scale = np.where(absmax > 0, absmax / np.float32(127.0), np.float32(1.0)).astype("<f4")
+        q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype("i1")  # (rows, cols)
+        entry["data"], entry["scale"] = _b64(q), _b64(scale)
+    return entry
+
+
+def dequantise(name: str, entry: dict[str, Any]) -> Tensor:
+    """A payload entry back to a float32 tensor, computed as gpt.js computes it (q * scale
+    rounded once to float32); a malformed entry is a ValueError naming the weight."""
+    try:
+        shape, stored = [int(n) for n in entry["shape"]], entry["dtype"]
+        data = base64.b64decode(entry["data"], validate=True)
+        kind = {"float32": "<f4", "float16": "<f2", "int8": "i1"}[stored]
+        values = np.frombuffer(data, dtype=kind).astype("<f4").reshape(shape)
+        if stored == "int8":
+            scale = np.frombuffer(base64.b64decode(entry["scale"], validate=True), dtype="<f4")
+            values = values * scale.reshape(shape[0], 1)  # (rows, cols) float32
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"weight {name}: expected an entry {{shape, dtype in {DTYPES}, data"
+                         f" (base64)[, scale]}} whose data fills the shape, got an error: "
+                         f"{error}") from None
+    return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def page_weights(payload: dict[str, Any]) -> dict[str, Tensor]:
+    """The weights a payload holds, decoded as the page decodes them: name -> float32 tensor."""
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"expected a payload of export_page_model (format {FORMAT!r}), got "
+                         f"{type(payload).__name__}")
+    return {name: dequantise(name, entry) for name, entry in payload["weights"].items()}
+
+
+def quantised_reference(model: GPT, dtype: str = "float16") -> GPT:
+    """A copy of `model` whose weights are the ones the page computes with (quantised to
+    `dtype`, then back to float32): the reference of the page's parity tests."""
+    check_page_model(model)
+    check_dtype(dtype)
+    weights = {name: dequantise(name, quantise(name, w, dtype))
+               for name, w in page_parameters(model).items()}
+    reference = copy.deepcopy(model).to("cpu", torch.float32).eval()  # the tie survives
+    missing, unexpected = reference.load_state_dict(weights, strict=False)
+    if missing != ["lm_head.weight"] or unexpected:  # the head is tok_emb.weight, loaded
+        raise ValueError(f"the model's weights are not the page's: missing {missing}, "
+                         f"unexpected {unexpected}")
+    return reference
+
+
+@functools.cache
+def code_point_ranges(pattern: str) -> str:
+    """The members of a one-character class of Python's `regex`, as the inside of a
+    JavaScript class: r"\\s" -> r"\\u{9}-\\u{d}\\u{20}\\u{85}..." (surrogates excluded)."""
+    member = regex.compile(pattern).fullmatch
+    ranges: list[list[int]] = []
+    for c in range(0x110000):
+        if 0xD800 <= c <= 0xDFFF or not member(chr(c)):
+            continue
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return "".join(f"\\u{{{a:x}}}" + (f"-\\u{{{b:x}}}" if b > a else "") for a, b in ranges)
+
+
+def page_tokenizer(tokenizer: BPETokenizer) -> dict[str, Any]:
+    """What gpt.js needs to encode like `tokenizer.encode_ordinary` and to show tokens: byte
+    ids, merges as [left, right, left, right, ...] in rank order (pair k makes id 256 + k),
+    the split pattern for JavaScript with its classes, and the special tokens (shown only)."""
+    if not isinstance(tokenizer, BPETokenizer):
+        raise TypeError(f"tokenizer must be a tfbook BPETokenizer (byte-level BPE; "
+                        f"BPETokenizer({{}}) for plain bytes), got {type(tokenizer).__name__}")
+    pattern = tokenizer.pattern
+    if pattern is not None and pattern not in JS_SPLIT_PATTERNS:
+        raise ValueError(f"the page knows the split patterns of GPT-2 and GPT-4 (or None) in "
+                         f"JavaScript, got {pattern!r:.80}")
+    merges = [0] * (2 * len(tokenizer.merges))
+    for (left, right), new_id in tokenizer.merges.items():
+        merges[2 * (new_id - 256)], merges[2 * (new_id - 256) + 1] = left, right
+    split = None
+    if pattern is not None:
+        split = {"python": pattern, "source": JS_SPLIT_PATTERNS[pattern],
+                 "classes": {name: code_point_ranges(p) for name, p in CHARACTER_CLASSES.items()}}
+    return {"kind": "bpe", "byte_ids": list(tokenizer.byte_ids), "merges": merges,
+            "split": split, "special_tokens": dict(tokenizer.special_tokens),
+            "vocab_size": tokenizer.vocab_size}
+
+
+def export_page_model(model: GPT, tokenizer: BPETokenizer, dtype: str = "float16") -> dict:
+    """A GPT and its tokenizer as a JSON-ready payload for static/gpt.js (see the module)."""
+    check_page_model(model)
+    check_dtype(dtype)
+    config = model.config
+    tokens = page_tokenizer(tokenizer)
+    if tokens["vocab_size"] > config.vocab_size:
+        raise ValueError(f"the tokenizer makes ids up to {tokens['vocab_size'] - 1}, beyond the "
+                         f"model's vocab_size {config.vocab_size}")
+    d_ff = config.block_config().d_ff
+    return {
+        "format": FORMAT, "version": VERSION, "dtype": dtype,
+        "config": {"d_model": config.d_model, "n_heads": config.n_heads,
+                   "n_layers": config.n_layers, "d_ff": d_ff, "max_len": config.max_len,
+                   "vocab_size": config.vocab_size, "norm_eps": config.norm_eps,
+                   "activation": config.activation, "bias": config.bias},
+        "weights": {name: quantise(name, w, dtype)
+                    for name, w in page_parameters(model).items()},
+        "tokenizer": tokens,
+    }
+
+
+def payload_json(payload: dict[str, Any]) -> str:
+    """The payload as compact JSON without a raw "<" (written as \\u003c), so that it can sit
+    inside a <script> element of a page."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
+
+
+def payload_bytes(payload: dict[str, Any]) -> int:
+    """The size of `payload_json(payload)` in UTF-8 bytes: what the page downloads."""
+    return len(payload_json(payload).encode("utf-8"))
