@@ -53,6 +53,7 @@ PROMPT = "The function returns"  # the prompt every sample of the chapter contin
 
 
 @functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=4)
 def fresh_corpus(max_bytes: int | None = None) -> str:
     """`stdlib_corpus(max_bytes)` exactly as a fresh Python process reads it.
 

@@ -25,9 +25,9 @@ from scipy.optimize import minimize_scalar
 from torch import Tensor
 
 from tfbook.config import is_int
-from tfbook.corpus import stdlib_corpus
 from tfbook.models.gpt import GPT, GPTConfig, gpt_on_meta
 from tfbook.models.params import count_parameters
+from tfbook.train.corpus_lm import fresh_corpus
 from tfbook.train.data import random_windows, sequential_windows, split_stream
 from tfbook.train.loop import TrainConfig, evaluate, train
 
@@ -88,8 +88,9 @@ def training_flops(n_params: float, tokens: float) -> float:
 
 
 def corpus_bytes() -> bytes:
-    """The default corpus as UTF-8 bytes: byte-level models read it with V = 256."""
-    return stdlib_corpus().encode("utf-8")
+    """The default corpus as UTF-8 bytes, as a fresh interpreter reads it (the same text in a
+    notebook kernel and in the sweep's script): byte-level models read it with V = 256."""
+    return fresh_corpus().encode("utf-8")
 
 
 def corpus_sha256() -> str:
