@@ -190,6 +190,7 @@ def test_script_is_bundled_with_the_helpers() -> None:
     script = SamplingWidget._esm
     assert script.startswith(bundle("tokenspans.js").split("\n")[0])
     assert "function showWhitespace(" in script and "function keptDistribution(" in script
+    assert "class PageGPT" in script  # the page model's forward pass, for from_page_model
     assert script.count("export default { render }") == 1
     assert "innerHTML" not in script
     assert not re.search("<(!--|script|/script)", script, re.IGNORECASE)  # safe in a <script>

@@ -14,6 +14,15 @@ A step slider (and prev/next buttons) walks through the generation: the text so 
 token that was chosen, and the alternatives the sampler had. In Jupyter, a prompt box asks
 Python for a new generation through a model-agnostic `generate_fn`.
 
+`SamplingWidget.from_page_model` also puts a small tfbook GPT in the page (static/gpt.js,
+`tfbook.widgets.page_model`): then the prompt box works without a kernel. The page encodes
+the reader's text, generates with the knobs' temperature, top-k and top-p and a seed
+(mulberry32, so the same settings give the same text), and draws each step as above. In
+Jupyter Python computes the same generation with the same sampler (`page_generation`,
+`page_next_token`) on the model the page holds (`quantised_reference`), so both agree.
+A prompt longer than the context keeps its last tokens, and the page says how many it
+dropped (`fit_prompt`).
+
 Token text is hostile data: the page sets it with textContent only, and "<" never reaches
 the saved page raw (see `page_text`), so no token can end or open a script element there.
 """
@@ -21,15 +30,27 @@ the saved page raw (see `page_text`), so no token can end or open a script eleme
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import traitlets
 
+from tfbook.generate.sampling import filter_logits
+from tfbook.models.gpt import GPT
+from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets.base import STATIC, Widget, bundle, rounded
+from tfbook.widgets.page_model import (
+    check_dtype,
+    export_page_model,
+    payload_bytes,
+    payload_json,
+    quantised_reference,
+)
 
 MAX_TOP_N = 200  # candidates per step: the page draws one bar for each
 MAX_STEPS = 256  # generated tokens stored in the page
@@ -37,6 +58,8 @@ MAX_PROMPT_TOKENS = 2048
 MAX_TEMPERATURE = 2.0
 MAX_NEW_TOKENS = 64  # per live request: generation stays a few seconds on a CPU
 MAX_PROMPT_CHARS = 2000  # the live prompt box
+MAX_SEED = 2**32 - 1  # mulberry32 keeps 32 bits of state
+MAX_PAGE_MODEL_BYTES = 3_000_000  # the budget of model data in one page
 
 TokenText = Callable[[int], str] | Sequence[str]  # token id -> its text
 # What a generate_fn returns: (prompt tokens, (steps, V) logits, chosen ids, token text).
@@ -238,6 +261,101 @@ def build_steps(step_logits: object, chosen: object, token_text: TokenText, top_
     return steps, V
 
 
+def mulberry32(seed: int) -> Callable[[], float]:
+    """A seeded generator of numbers in [0, 1), bit for bit the page's (gpt.js `mulberry32`):
+    32 bits of state advanced by a constant, then mixed by multiplications and xor-shifts
+    (the tests draw from both and compare)."""
+    seed = _check_int("seed", seed, 0, MAX_SEED)
+    state = seed
+
+    def imul(a: int, b: int) -> int:  # JavaScript's Math.imul: the low 32 bits of a * b
+        return (a * b) & 0xFFFFFFFF
+
+    def random() -> float:
+        nonlocal state
+        state = (state + 0x6D2B79F5) & 0xFFFFFFFF
+        z = state
+        z = imul(z ^ (z >> 15), z | 1)
+        z ^= (z + imul(z ^ (z >> 7), z | 61)) & 0xFFFFFFFF
+        return ((z ^ (z >> 14)) & 0xFFFFFFFF) / 4294967296
+
+    return random
+
+
+def page_next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
+                    top_p: float | None, random: Callable[[], float]) -> int:
+    """The page's draw (gpt.js `nextToken`) from one step's (V,) logits: the argmax at
+    temperature 0 (no number drawn), else filter_logits, the softmax in float64 and the first
+    token whose running sum passes u = random() (inverse transform sampling)."""
+    if temperature == 0:
+        return int(logits.argmax())  # the first of tied maxima, as the page's argmax
+    scores = filter_logits(logits.float(), temperature, top_k, top_p).double().numpy()  # (V,)
+    exps = np.exp(scores - scores.max())  # (V,); removed tokens (-inf) give 0
+    probs = exps / np.cumsum(exps)[-1]  # summed left to right, as the page sums
+    cumulative = np.cumsum(probs)  # (V,)
+    u = random()
+    token = int(np.searchsorted(cumulative, u, side="right"))  # first with u < cumulative
+    return token if token < len(probs) else int(probs.argmax())  # u in the rounding gap
+
+
+def fit_prompt(ids: Sequence[int], max_len: int, max_new_tokens: int) -> tuple[list[int], int]:
+    """The prompt's last tokens that leave room for max_new_tokens in a context of max_len
+    (at least one token), and how many were dropped from its start.
+
+    >>> fit_prompt([1, 2, 3, 4, 5], max_len=6, max_new_tokens=3)
+    ([3, 4, 5], 2)
+    """
+    room = max(1, max_len - max_new_tokens)
+    dropped = max(0, len(ids) - room)
+    return list(ids[dropped:]), dropped
+
+
+@torch.no_grad()
+def page_generation(model: GPT, tokenizer: BPETokenizer, prompt: str, max_new_tokens: int,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, seed: int = 0
+                    ) -> tuple[Generation, int]:
+    """What the page generates for `prompt` (static/sampling.js), computed in Python: the
+    prompt's tokens cut to fit (`fit_prompt`), then one cached step per new token drawn by
+    `page_next_token` from mulberry32(seed), until max_new_tokens or the context is full.
+    Returns the widget's generation (prompt tokens, (N, V) logits, chosen ids, token text)
+    and the number of prompt tokens dropped."""
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}: {prompt!r:.60}")
+    max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
+    temperature, top_k, top_p = check_settings(temperature, top_k, top_p)
+    random = mulberry32(seed)
+    ids = tokenizer.encode_ordinary(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty: type a few words to continue")
+    max_len = model.config.max_len
+    ids, dropped = fit_prompt(ids, max_len, max_new_tokens)
+    n_new = min(max_new_tokens, max_len - len(ids))
+    was_training = model.training
+    model.eval()
+    cache = model.new_cache(len(ids) + n_new)
+    step_input = torch.tensor([ids])  # (1, T): the prefill
+    step_logits, chosen = [], []
+    try:
+        while len(chosen) < n_new:
+            logits = model(step_input, cache=cache, last_only=True).logits[0, -1]  # (V,)
+            step_logits.append(logits)
+            chosen.append(page_next_token(logits, temperature, top_k, top_p, random))
+            step_input = torch.tensor([chosen[-1:]])  # (1, 1): one new position
+    finally:
+        model.train(was_training)
+    tokens = [tokenizer.id_to_token(i) for i in ids]
+    return (tokens, torch.stack(step_logits), chosen, tokenizer.id_to_token), dropped
+
+
+def script_safe(path: Path) -> str:
+    """A plain script (static/gpt.js) made safe to sit in a widget's module in the saved page:
+    "<" before "!--", "script" or "/script" becomes \\x3C, which reads as "<" in a string
+    or a regular expression and is inert in a comment, the only places such text can be."""
+    return re.sub(r"<(?=!--|/?script)", r"\\x3C", path.read_text(encoding="utf-8"),
+                  flags=re.IGNORECASE)
+
+
 class SamplingWidget(Widget):
     """Bars of the next-token distribution under temperature, top-k and top-p, step by step.
 
@@ -248,7 +366,8 @@ class SamplingWidget(Widget):
     given, returns those four for a new prompt: the live prompt box calls it.
     """
 
-    _esm = bundle("tokenspans.js") + "\n" + (STATIC / "sampling.js").read_text(encoding="utf-8")
+    _esm = "\n".join([bundle("tokenspans.js"), script_safe(STATIC / "gpt.js"),
+                      (STATIC / "sampling.js").read_text(encoding="utf-8")])
 
     # Strings go to the page through page_text (to_json): Python keeps the real text.
     prompt_tokens = traitlets.List(traitlets.Unicode()).tag(sync=True, to_json=_strings_to_page)
@@ -262,6 +381,9 @@ class SamplingWidget(Widget):
     can_run = traitlets.Bool(False).tag(sync=True)  # a generate_fn is attached
     prompt = traitlets.Unicode("").tag(sync=True, to_json=_text_to_page)  # the live prompt box
     max_new_tokens = traitlets.Int(10).tag(sync=True)  # prefills the live length box
+    seed = traitlets.Int(0).tag(sync=True)  # of the page model's sampler (mulberry32)
+    dropped = traitlets.Int(0).tag(sync=True)  # prompt tokens cut to fit the context
+    page_model = traitlets.Unicode("").tag(sync=True)  # payload_json of a GPT, or "" (none)
 
     def __init__(self, prompt_tokens: Sequence[str], step_logits: torch.Tensor | Sequence,
                  chosen: Sequence[int], token_text: TokenText, top_n: int = 50, *,
@@ -277,6 +399,7 @@ class SamplingWidget(Widget):
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
         self._generate_fn = generate_fn
+        self._page: tuple[GPT, BPETokenizer] | None = None  # set by from_page_model
         self._set_generation(prompt_tokens, step_logits, chosen, token_text, top_n)
         with self.hold_sync():
             self.temperature, top_k, self.top_p = settings
@@ -295,6 +418,40 @@ class SamplingWidget(Widget):
         return cls(*generation, top_n=top_n, generate_fn=generate_fn, prompt=prompt,
                    **settings)
 
+    @classmethod
+    def from_page_model(cls, model: GPT, tokenizer: BPETokenizer, prompt: str,
+                        max_new_tokens: int = 10, top_n: int = 50, *, dtype: str = "float16",
+                        seed: int = 0, **settings: Any) -> SamplingWidget:
+        """A widget that carries `model` and `tokenizer` in the page (export_page_model, at
+        most 3 MB), so that the static page generates from the reader's prompt; Python
+        computes the first generation now, and the live ones in Jupyter, on the page's
+        weights (quantised_reference) with the page's sampler (page_generation)."""
+        check_dtype(dtype)
+        seed = _check_int("seed", seed, 0, MAX_SEED)
+        payload = export_page_model(model, tokenizer, dtype)
+        size = payload_bytes(payload)
+        if size > MAX_PAGE_MODEL_BYTES:
+            raise ValueError(f"the page model takes {size:,} bytes in {dtype}, more than the "
+                             f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: use a smaller model or "
+                             f"dtype 'int8'")
+        reference = quantised_reference(model, dtype)
+        temperature, top_k, top_p = check_settings(settings.pop("temperature", 1.0),
+                                                   settings.pop("top_k", None),
+                                                   settings.pop("top_p", None))
+        _check_int("top_n", top_n, 1, MAX_TOP_N)
+        top_k = None if top_k is None else min(top_k, top_n)  # as the widget clamps it
+        _check_prompt(prompt)
+        generation, dropped = page_generation(reference, tokenizer, prompt, max_new_tokens,
+                                              temperature, top_k, top_p, seed)
+        widget = cls(*generation, top_n=top_n, prompt=prompt, temperature=temperature,
+                     top_k=top_k, top_p=top_p, **settings)
+        widget._page = (reference, tokenizer)
+        with widget.hold_sync():
+            widget.page_model = payload_json(payload)
+            widget.seed, widget.dropped, widget.can_run = seed, dropped, True
+            widget.max_new_tokens = max_new_tokens
+        return widget
+
     def _set_generation(self, prompt_tokens: Sequence[str], step_logits: object,
                         chosen: object, token_text: TokenText, top_n: int) -> None:
         """Check everything first, then update the page in one message."""
@@ -310,19 +467,28 @@ class SamplingWidget(Widget):
             if self.top_k is not None:
                 self.top_k = min(self.top_k, top_n)
 
-    def compute(self, prompt: str = "", max_new_tokens: int = 10) -> None:
-        """Generate from a new prompt with the attached generate_fn and show it from step 0."""
-        if self._generate_fn is None:
+    def compute(self, prompt: str = "", max_new_tokens: int = 10, seed: int | None = None
+                ) -> None:
+        """Generate from a new prompt and show it from step 0: with the page's model and
+        sampler (the knobs and `seed`, default the widget's) if it has one, else with the
+        attached generate_fn."""
+        if self._generate_fn is None and self._page is None:
             raise TypeError("this sampling widget has no model attached (pass generate_fn=...)")
-        generation = _run(self._generate_fn, prompt, max_new_tokens)
+        seed = self.seed if seed is None else _check_int("seed", seed, 0, MAX_SEED)
+        if self._page is not None:
+            _check_prompt(prompt)
+            generation, dropped = page_generation(*self._page, prompt, max_new_tokens,
+                                                  self.temperature, self.top_k, self.top_p, seed)
+        else:
+            generation, dropped = _run(self._generate_fn, prompt, max_new_tokens), 0
         self._set_generation(*generation, top_n=self.top_n)
         with self.hold_sync():
             self.prompt, self.max_new_tokens, self.step = prompt, max_new_tokens, 0
+            self.seed, self.dropped = seed, dropped
 
 
-def _run(generate_fn: Callable[[str, int], Generation], prompt: object,
-         max_new_tokens: object) -> Generation:
-    """Call generate_fn after checking its arguments, and check the shape of its answer."""
+def _check_prompt(prompt: object) -> str:
+    """The typed prompt: a str with something besides spaces, at most MAX_PROMPT_CHARS."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}: {prompt!r:.60}")
     if not prompt.strip():
@@ -330,6 +496,13 @@ def _run(generate_fn: Callable[[str, int], Generation], prompt: object,
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"the prompt has {len(prompt):,} characters; the widget takes at most "
                          f"{MAX_PROMPT_CHARS:,}")
+    return prompt
+
+
+def _run(generate_fn: Callable[[str, int], Generation], prompt: object,
+         max_new_tokens: object) -> Generation:
+    """Call generate_fn after checking its arguments, and check the shape of its answer."""
+    _check_prompt(prompt)
     _check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
     generation = generate_fn(prompt, max_new_tokens)
     if not isinstance(generation, tuple) or len(generation) != 4:

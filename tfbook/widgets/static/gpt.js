@@ -20,7 +20,7 @@
 // D = C / H head size, F feed-forward width, V vocab. Sums run in double precision and are
 // rounded to float32 when stored, which keeps the page within 1e-5 of PyTorch's float32.
 //
-// No import or export: the file loads as a classic <script> (its names become globals) or
+// No import or export: the file loads as a classic script element (its names become globals) or
 // is concatenated in front of a widget's module, as common.js is. It touches no DOM and
 // makes no request; text is data here, never markup.
 

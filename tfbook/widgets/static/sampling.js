@@ -11,10 +11,88 @@
 // tokens stay listed, greyed, with probability 0. Each bar row carries data-p and data-kept,
 // the summary data-kept, data-entropy (bits) and data-settings, for the tests.
 // Token text arrives escaped (fromPage) and is always set with textContent, never as HTML.
+//
+// With a page model (Python's from_page_model stores a small GPT's payload in `page_model`),
+// the prompt box works without a kernel: static/gpt.js, bundled before this file, encodes
+// the typed text and generates with the knobs and the seed, and pageStep cuts each step's
+// (V,) logits to its candidates as Python's build_steps does. The page's run lives in this
+// view only (pageRun): the full logits stay here, so the summary can also count what the
+// sampler keeps of the whole vocabulary. In Jupyter, with a kernel, the box asks Python,
+// which computes the same generation (tfbook.widgets.sampling.page_generation).
+
+const MAX_NEW_TOKENS = 64;  // as Python's MAX_NEW_TOKENS
+const MAX_PROMPT_CHARS = 2000;  // as Python's MAX_PROMPT_CHARS
+const MAX_SEED = 4294967295;  // mulberry32 keeps 32 bits
+const EMPTY_PROMPT = "the prompt is empty: type a few words to continue";
 
 /** Undo Python's page_text: "%3C" -> "<", "%25" -> "%" (the saved page never holds a raw "<"). */
 function fromPage(text) {
   return text.replace(/%(25|3C)/g, (_, hex) => (hex === "25" ? "%" : "<"));
+}
+
+/** Python's page_text: "%" -> "%25", then "<" -> "%3C"; text made in the page is stored
+ *  as Python stores it, so every drawing reads it back with fromPage. */
+function toPage(text) {
+  return text.replace(/%/g, "%25").replace(/</g, "%3C");
+}
+
+/** One step as Python's build_steps makes it, from the page's logits (V,): the topN most
+ *  likely finite tokens (ties by id), their texts and logits, the chosen id, its text, its
+ *  rank in the vocabulary (0 = most likely) and the candidates' mass at temperature 1. */
+function pageStep(logits, chosen, topN, text) {
+  const V = logits.length;
+  const order = [];  // (V,) finite tokens, most likely first
+  for (let i = 0; i < V; i++) if (logits[i] > -Infinity) order.push(i);
+  order.sort((a, b) => logits[b] - logits[a] || a - b);
+  const ids = order.slice(0, topN);  // (N,)
+  const max = logits[order[0]];
+  let total = 0;
+  for (const i of order) total += Math.exp(logits[i] - max);  // softmax over all V
+  let mass = 0;
+  for (const i of ids) mass += Math.exp(logits[i] - max) / total;
+  return { ids, tokens: ids.map(text), logits: ids.map((i) => logits[i]), chosen,
+           chosen_text: text(chosen), chosen_rank: order.indexOf(chosen), mass };
+}
+
+/** The reader's request, checked as Python checks it: {prompt, maxNewTokens, seed}, or an
+ *  Error whose message says what was expected. */
+function checkRequest(prompt, maxNewTokens, seed) {
+  if (!prompt.trim()) throw new Error(EMPTY_PROMPT);
+  const chars = [...prompt].length;  // code points, as Python's len
+  if (chars > MAX_PROMPT_CHARS) {
+    throw new Error(`the prompt has ${chars.toLocaleString("en")} characters; the widget ` +
+                    `takes at most ${MAX_PROMPT_CHARS.toLocaleString("en")}`);
+  }
+  const n = Number(maxNewTokens), s = Number(seed);
+  if (maxNewTokens === "" || !Number.isInteger(n) || n < 1 || n > MAX_NEW_TOKENS) {
+    throw new Error(`new tokens must be an integer between 1 and ${MAX_NEW_TOKENS}, got ` +
+                    `${JSON.stringify(String(maxNewTokens))}`);
+  }
+  if (seed === "" || !Number.isInteger(s) || s < 0 || s > MAX_SEED) {
+    throw new Error(`seed must be an integer between 0 and ${MAX_SEED}, got ` +
+                    `${JSON.stringify(String(seed))}`);
+  }
+  return { prompt, maxNewTokens: n, seed: s };
+}
+
+/** Generate in the page: the prompt encoded and cut to leave room for the new tokens (its
+ *  last max(1, T - n) tokens, as Python's fit_prompt), continued by PageGPT.generate with
+ *  the cache and the seeded sampler, each step cut to its topN candidates. */
+function generateInPage(gpt, prompt, { maxNewTokens, temperature, topK, topP, seed, topN }) {
+  const all = gpt.tokenizer.encode(prompt);
+  if (!all.length) throw new Error(EMPTY_PROMPT);
+  const room = Math.max(1, gpt.config.max_len - maxNewTokens);
+  const { ids, dropped } = fitContext(all, room);
+  const run = gpt.generate(ids, { maxNewTokens, temperature, topK, topP, seed });
+  const text = (id) => toPage(gpt.tokenizer.tokenText(id));
+  return { ids, dropped, tokens: run.tokens, logits: run.logits, stopped: run.stopped,
+           promptTokens: ids.map(text),
+           steps: run.tokens.map((c, s) => pageStep(run.logits[s], c, topN, text)) };
+}
+
+/** "off" for a filter that is switched off (null), else the value. */
+function knob(value) {
+  return value === null ? "off" : String(value);
 }
 
 /** Compare numbers for Array.sort; -Infinity is equal to itself (a - b would give NaN). */
@@ -121,11 +199,14 @@ function render({ model, el: element }) {
   const caption = el("div", { class: "tfw-note" });
   const promptInput = el("textarea", { rows: 2, cols: 60, "aria-label": "your prompt" });
   const lengthInput = el("input", { type: "number", min: 1, max: 64, "aria-label": "new tokens" });
+  const seedInput = el("input", { type: "number", min: 0, max: MAX_SEED, step: 1, "aria-label": "seed" });
+  const seedLabel = el("span", {}, " seed ", seedInput);
   const run = el("button", {}, "generate in Python");
   const note = el("span", { class: "tfw-note" });
-  const errorBox = el("span", { class: "tfw-note", style: "color:#b00" });
+  const errorBox = el("span", { class: "tfw-note tfw-error", style: "color:#b00" });
+  const pageStatus = el("div", { class: "tfw-note tfw-page-status" });
   const liveRow = el("div", { class: "tfw-row" }, promptInput,
-    el("div", {}, "new tokens ", lengthInput, " ", run, el("br"), note, errorBox));
+    el("div", {}, "new tokens ", lengthInput, seedLabel, " ", run, el("br"), note, errorBox));
   node.append(
     el("style", {}, SAMPLING_STYLE),
     title,
@@ -134,19 +215,117 @@ function render({ model, el: element }) {
     el("div", { class: "tfw-row" }, temperature.node,
        el("span", { class: "tfw-knob" }, el("label", {}, kOn, " top-k"), " ", kSlider.node),
        el("span", { class: "tfw-knob" }, el("label", {}, pOn, " top-p"), " ", pSlider.node)),
-    summary, bars, caption, liveRow,
+    summary, bars, caption, liveRow, pageStatus,
   );
   prev.addEventListener("click", () => set({ step: Math.max(model.get("step") - 1, 0) }));
   next.addEventListener("click", () => set({ step: Math.min(model.get("step") + 1,
                                                              model.get("steps").length - 1) }));
-  run.addEventListener("click", () => request(model, {
-    prompt: promptInput.value, max_new_tokens: Number(lengthInput.value) }));
-  watchLive(model, (live) => {
-    const usable = live && model.get("can_run");
-    promptInput.disabled = lengthInput.disabled = run.disabled = !usable;
-    liveRow.style.display = model.get("can_run") ? "" : "none";
-    note.textContent = usable ? "" : "static page: run the chapter in Jupyter to generate from your own prompt";
+  // Who generates: Python when a kernel answers (Jupyter), else the page model if there is
+  // one, else nobody (the static page of a widget without a page model).
+  let live = false;
+  const hasPageModel = () => model.get("page_model") !== "";
+  const inPython = () => live && model.get("can_run");
+  let gpt = null;  // the PageGPT, decoded from the payload on the first request
+  let pageRun = null;  // the page's last generation while it is shown: its full logits
+  let fromPageRun = false;  // true while this view sets the steps of its own generation
+  let runs = 0;
+
+  function generate() {
+    if (inPython()) {
+      request(model, { prompt: promptInput.value, max_new_tokens: Number(lengthInput.value),
+                       ...(hasPageModel() ? { seed: Number(seedInput.value) } : {}) });
+    } else if (hasPageModel()) {
+      generateHere();
+    }
+  }
+
+  function generateHere() {
+    let result, settings, ms;
+    try {
+      const asked = checkRequest(promptInput.value, lengthInput.value, seedInput.value);
+      settings = { ...asked, temperature: model.get("temperature"), topK: model.get("top_k"),
+                   topP: model.get("top_p"), topN: model.get("top_n") };
+      gpt = gpt || new PageGPT(JSON.parse(model.get("page_model")));
+      const start = performance.now();
+      result = generateInPage(gpt, settings.prompt, settings);
+      ms = performance.now() - start;
+    } catch (error) {
+      model.set("error", error.message);  // this view only: nothing is sent anywhere
+      return;
+    }
+    runs += 1;
+    pageRun = null;  // until the model holds the new steps
+    fromPageRun = true;
+    model.set("error", "");
+    model.set("prompt", toPage(settings.prompt));
+    model.set("max_new_tokens", settings.maxNewTokens);
+    model.set("seed", settings.seed);
+    model.set("dropped", result.dropped);
+    model.set("prompt_tokens", result.promptTokens);
+    model.set("vocab_size", gpt.config.vocab_size);
+    model.set("step", 0);
+    model.set("steps", result.steps);
+    fromPageRun = false;
+    pageRun = { ...result, settings, ms };
+    draw();
+  }
+
+  // The boxes keep what the reader typed: a redraw refills them from the model.
+  const whole = (value, low, high) => value !== "" && Number.isInteger(Number(value)) &&
+    Number(value) >= low && Number(value) <= high;
+  lengthInput.addEventListener("input", () => {
+    if (whole(lengthInput.value, 1, MAX_NEW_TOKENS)) set({ max_new_tokens: Number(lengthInput.value) });
   });
+  seedInput.addEventListener("input", () => {
+    if (whole(seedInput.value, 0, MAX_SEED)) set({ seed: Number(seedInput.value) });
+  });
+  run.addEventListener("click", generate);
+  promptInput.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      generate();
+    }
+  });
+  model.on("change:steps", () => { if (!fromPageRun) pageRun = null; });  // Python's steps
+
+  function drawMode() {
+    const python = inPython(), page = !python && hasPageModel();
+    promptInput.disabled = lengthInput.disabled = seedInput.disabled = run.disabled = !(python || page);
+    liveRow.style.display = model.get("can_run") || hasPageModel() ? "" : "none";
+    seedLabel.style.display = hasPageModel() ? "" : "none";
+    run.textContent = page ? "generate in the page" : "generate in Python";
+    note.textContent = python ? "" : page
+      ? "the model runs in this page: no kernel, no network (Ctrl+Enter in the prompt generates)"
+      : "static page: run the chapter in Jupyter to generate from your own prompt";
+  }
+  watchLive(model, (isLive) => {
+    live = isLive;
+    drawMode();
+  });
+
+  function drawStatus() {
+    const dropped = model.get("dropped");
+    const kept = model.get("prompt_tokens").length;
+    const parts = [];
+    if (dropped) {
+      parts.push(`The prompt is longer than the context leaves room for: its first ${dropped} ` +
+                 `tokens were dropped, and the model reads only the last ${kept} (shown above).`);
+    }
+    if (pageRun) {
+      const { settings: st, tokens, stopped, ms } = pageRun;
+      parts.push(`Generated in this page: ${tokens.length} tokens in ${ms.toFixed(0)} ms, with ` +
+                 `temperature ${st.temperature}, top-k ${knob(st.topK)}, top-p ${knob(st.topP)}, ` +
+                 `seed ${st.seed}; the same settings give the same text.` +
+                 (stopped === "context" ? " It stopped early: the context is full." : ""));
+      pageStatus.dataset.ids = JSON.stringify(pageRun.ids);
+      pageStatus.dataset.tokens = JSON.stringify(tokens);
+      pageStatus.dataset.stopped = stopped;
+      pageStatus.dataset.ms = String(ms);
+    }
+    pageStatus.dataset.runs = String(runs);
+    pageStatus.dataset.dropped = String(dropped);
+    pageStatus.textContent = parts.join(" ");
+  }
 
   function drawContext(steps, s) {
     const tokens = [...model.get("prompt_tokens"), ...steps.slice(0, s).map((st) => st.chosen_text)]
@@ -183,6 +362,7 @@ function render({ model, el: element }) {
       row.dataset.rank = String(i);
       row.dataset.id = String(step.ids[i]);
       row.dataset.p = String(p);
+      row.dataset.logit = String(logit);
       row.dataset.kept = kept ? "1" : "0";
       return row;
     });
@@ -217,7 +397,10 @@ function render({ model, el: element }) {
     if (p === null) pSlider.node.querySelector(".tfw-value").textContent = "off";
     if (document.activeElement !== promptInput && !promptInput.value) promptInput.value = fromPage(model.get("prompt"));
     if (document.activeElement !== lengthInput) lengthInput.value = String(model.get("max_new_tokens"));
+    if (document.activeElement !== seedInput) seedInput.value = String(model.get("seed"));
     errorBox.textContent = model.get("error");
+    drawMode();
+    drawStatus();
 
     drawContext(steps, s);
     const sampler = keptDistribution(step.logits, T, k, p);
@@ -226,7 +409,17 @@ function render({ model, el: element }) {
 
     const kept = sampler.kept.filter(Boolean).length;
     const entropy = entropyBits(probs);
-    summary.textContent = `kept ${kept} of ${n} candidates · entropy ${entropy.toFixed(3)} bits`;
+    let whole = "";
+    if (pageRun) {  // the page holds this step's logits over the whole vocabulary
+      const scores = filterLogits(pageRun.logits[s], T, k, p);
+      const keptVocab = scores.filter((x) => x !== -Infinity).length;
+      whole = ` · the sampler keeps ${keptVocab.toLocaleString("en")} of the ` +
+        `${scores.length.toLocaleString("en")} tokens`;
+      summary.dataset.keptVocab = String(keptVocab);
+    } else {
+      delete summary.dataset.keptVocab;
+    }
+    summary.textContent = `kept ${kept} of ${n} candidates${whole} · entropy ${entropy.toFixed(3)} bits`;
     summary.dataset.kept = String(kept);
     summary.dataset.entropy = String(entropy);
     summary.dataset.settings = JSON.stringify([s, T, k, p]);
@@ -246,7 +439,8 @@ function render({ model, el: element }) {
       "renormalised.";
   }
 
-  for (const name of ["steps", "step", "temperature", "top_k", "top_p", "error", "prompt_tokens"]) {
+  for (const name of ["steps", "step", "temperature", "top_k", "top_p", "error", "prompt_tokens",
+                      "dropped", "seed", "can_run"]) {
     model.on(`change:${name}`, draw);
   }
   draw();
