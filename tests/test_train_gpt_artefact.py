@@ -12,7 +12,13 @@ import torch
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.train.checkpoint import load_checkpoint
-from tfbook.train.corpus_lm import corpus_setup, gpt_config, train_config, window_sampler
+from tfbook.train.corpus_lm import (
+    corpus_setup,
+    gpt_config,
+    load_trained_gpt,
+    train_config,
+    window_sampler,
+)
 from tfbook.train.loop import History, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +47,10 @@ def test_files_are_small_and_load(script, run):
     load_checkpoint(script.OUT, model)  # raises if the weights do not fit the config
     steps = run["main"]["config"]["steps"]
     assert len(run["main"]["history"]["loss"]) == steps == script.MAIN_STEPS
+    loaded, loaded_tokenizer = load_trained_gpt(script.OUT)  # the one-call loader
+    assert not loaded.training and loaded_tokenizer.merges == tokenizer.merges
+    assert all(torch.equal(p, q) for p, q in zip(loaded.parameters(), model.parameters(),
+                                                  strict=True))
     assert set(run["ablations"]) == set(script.ABLATIONS)
 
 

@@ -41,6 +41,7 @@ from tfbook.config import is_int, is_number
 from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.train.checkpoint import load_checkpoint
 from tfbook.train.data import random_windows, sequential_windows
 from tfbook.train.loop import TrainConfig
 
@@ -148,6 +149,16 @@ def corpus_setup(
     ids = [torch.tensor(tokenizer.encode_ordinary(t), dtype=torch.long)
            for t in (train_text, val_text)]
     return CorpusSplit(tokenizer, train_text, val_text, ids[0], ids[1])
+
+
+def load_trained_gpt(directory: str | Path) -> tuple[GPT, BPETokenizer]:
+    """The model (in eval mode) and tokenizer that scripts/train_gpt.py saved in `directory`;
+    the checkpoint refuses to load into a model of another config."""
+    directory = Path(directory)
+    tokenizer = BPETokenizer.load(directory / "tokenizer.json")
+    model = GPT(gpt_config(tokenizer.vocab_size))
+    load_checkpoint(directory, model)
+    return model.eval(), tokenizer
 
 
 def gpt_config(vocab_size: int, n_layers: int = 2, d_model: int = 64, n_heads: int = 4,
