@@ -552,3 +552,23 @@ def test_hostile_text_is_shown_as_text(page, bpe: BPETokenizer) -> None:
     expect(tokens).to_have_count(0)
     script = (STATIC / "gpt.js").read_text(encoding="utf-8")
     assert "innerHTML" not in script and "fetch(" not in script and "eval(" not in script
+
+
+def test_node_runs_the_page_computation() -> None:
+    """gpt.js in Node.js (what the chapter uses): ids, logits and weights equal PyTorch's."""
+    from tfbook.widgets.page_model import run_in_node
+
+    torch.manual_seed(0)
+    model = GPT(replace(GPTConfig.tiny(), vocab_size=300, max_len=32)).eval()
+    tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 300, keep_trace=False)
+    text = "the cat — élan 中文 🙂 <b>"
+    out = run_in_node(export_page_model(model, tokenizer, "float32"), text)
+    ids = tokenizer.encode_ordinary(text)
+    assert out["ids"] == ids
+    with torch.no_grad():
+        ref = model(torch.tensor([ids]), need_weights=True)
+    assert (out["logits"] - ref.logits[0]).abs().max() < 1e-4
+    for ours, theirs in zip(out["attentions"], ref.attentions, strict=True):
+        assert (ours - theirs[0]).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="non-empty str"):
+        run_in_node(export_page_model(model, tokenizer, "float32"), "")

@@ -1,7 +1,7 @@
 """The model in the reader's browser: a small tfbook GPT and its tokenizer as a page payload.
 
     export_page_model(model, tokenizer, "float16")  ->  {"config", "weights", "tokenizer"}
-    static/gpt.js: loadPageModel(payload)  ->  the same forward pass, in plain JavaScript
+    static/gpt.js: new PageGPT(payload)  ->  the same forward pass, in plain JavaScript
 
 The payload is JSON. Each weight is the base64 of a little-endian typed array, in the layout
 torch keeps (a linear layer's weight is (out, in), so one output is one contiguous row):
@@ -32,6 +32,9 @@ import base64
 import copy
 import functools
 import json
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -246,3 +249,51 @@ def payload_json(payload: dict[str, Any]) -> str:
 def payload_bytes(payload: dict[str, Any]) -> int:
     """The size of `payload_json(payload)` in UTF-8 bytes: what the page downloads."""
     return len(payload_json(payload).encode("utf-8"))
+
+
+GPT_JS = Path(__file__).resolve().parent / "static" / "gpt.js"
+# gpt.js declares its names at the top of a classic script; Node runs it the same way (vm)
+NODE_RUNNER = r"""
+const fs = require("fs"), vm = require("vm");
+vm.runInThisContext(fs.readFileSync(process.argv[1], "utf8") + "\nglobalThis.PageGPT = PageGPT;");
+const { payload, text } = JSON.parse(fs.readFileSync(0, "utf8"));
+const model = new PageGPT(payload);
+const ids = model.tokenizer.encode(text);
+const out = model.forward(ids, { needWeights: true });
+const times = [];
+for (let i = 0; i < 5; i++) {
+  const start = performance.now();
+  model.forward(ids);
+  times.push(performance.now() - start);
+}
+times.sort((a, b) => a - b);
+process.stdout.write(JSON.stringify({
+  ids, logits: Array.from(out.logits), attentions: out.attentions.map((a) => Array.from(a)),
+  ms: times[2],
+}));
+"""
+
+
+def run_in_node(payload: dict[str, Any], text: str) -> dict[str, Any]:
+    """The page's computation outside a browser: static/gpt.js run by Node.js (V8, the engine
+    of Chromium) on `text`. -> {"ids": [...], "logits": (T, V), "attentions": per block
+    (H, T, T), "ms": median time of a forward}, for comparing with PyTorch in a notebook."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty str, got {text!r:.60}")
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("run_in_node needs Node.js (apt-get install nodejs), not found")
+    done = subprocess.run([node, "-e", NODE_RUNNER, str(GPT_JS)], capture_output=True,
+                          input=json.dumps({"payload": payload, "text": text}), text=True,
+                          encoding="utf-8")
+    if done.returncode != 0:
+        raise RuntimeError(f"gpt.js failed in Node.js: {done.stderr.strip()[-500:]}")
+    out = json.loads(done.stdout)
+    T, config = len(out["ids"]), payload["config"]
+    H = config["n_heads"]
+    return {
+        "ids": out["ids"],
+        "logits": torch.tensor(out["logits"]).view(T, config["vocab_size"]),  # (T, V)
+        "attentions": [torch.tensor(a).view(H, T, T) for a in out["attentions"]],  # (H, T, T)
+        "ms": out["ms"],
+    }
