@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import base64
+import json
 import time
+import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from playwright.sync_api import expect
 
 from tests.browser import (
     WIDGET_SNAPSHOT_JS,
@@ -18,8 +22,25 @@ from tests.browser import (
     watch,
     widget_page,
 )
-from tests.conftest import ASSETS
-from tfbook.widgets.attention import AttentionExample, AttentionMap
+from tests.conftest import ASSETS, ROOT
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.tokenizers.pretokenize import GPT4_SPLIT_PATTERN
+from tfbook.train.corpus_lm import load_trained_gpt
+from tfbook.widgets.attention import (
+    AttentionExample,
+    AttentionMap,
+    gpt_attention_example,
+    quantise_maps,
+    truncation_note,
+)
+from tfbook.widgets.page_model import (
+    export_page_model,
+    payload_bytes,
+    payload_json,
+    quantised_reference,
+)
+from tfbook.widgets.sampling import MAX_PAGE_MODEL_BYTES
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 
@@ -28,13 +49,29 @@ def random_weights(*shape: int) -> torch.Tensor:
     return torch.softmax(torch.randn(*shape, generator=torch.Generator().manual_seed(0)), -1)
 
 
+def unpacked(m: AttentionMap) -> np.ndarray:
+    """The page's bytes: base64, then zlib's inflate (what DecompressionStream("deflate") does)."""
+    return np.frombuffer(zlib.decompress(base64.b64decode(m.data)), dtype=np.uint8)
+
+
 def test_maps_are_stored_as_quantised_bytes_in_order() -> None:
     w = random_weights(2, 3, 4, 4)
     m = AttentionMap(AttentionExample("s", list("abcd"), w))
-    raw = np.frombuffer(base64.b64decode(m.data), dtype=np.uint8).reshape(2, 3, 4, 4)
+    raw = unpacked(m).reshape(2, 3, 4, 4)
     assert np.abs(raw / 255 - w.numpy()).max() <= 0.5 / 255 + 1e-6
     assert m.examples[0] == {"name": "s", "tokens": list("abcd"), "keys": list("abcd"),
-                             "cross": False, "shape": [2, 3, 4, 4]}
+                             "cross": False, "shape": [2, 3, 4, 4], "note": ""}
+
+
+def test_long_maps_of_mostly_zero_weights_pack_small() -> None:
+    """A causal map of 256 tokens: each row spreads over its prefix, so most bytes are 0, and
+    the packed data is a small part of a plain base64 of the bytes."""
+    scores = torch.randn(4, 256, 256, generator=torch.Generator().manual_seed(1)) * 3
+    causal = torch.ones(256, 256).triu(1).bool()
+    w = torch.softmax(scores.masked_fill(causal, float("-inf")), -1)  # (H, T, T)
+    m = AttentionMap(AttentionExample("causal", [str(i) for i in range(256)], w))
+    assert np.array_equal(unpacked(m).reshape(1, 4, 256, 256), quantise_maps(w[None]))
+    assert len(m.data) < 0.25 * len(base64.b64encode(quantise_maps(w).tobytes()))
 
 
 def test_cross_attention_and_lower_rank_weights() -> None:
@@ -165,3 +202,127 @@ def test_bad_weights_are_refused_before_the_page():
         AttentionMap(AttentionExample("bad", ["a", 2], good))
     with pytest.raises(TypeError, match="tokens must be a list of strings"):
         AttentionMap(AttentionExample("bad", "ab", good))
+
+
+# --- a GPT in the page: the reader's own text without a kernel ------------------------------
+
+TRAINED = ROOT / "book" / "learning" / "data" / "training_gpt"
+TEXTS = ["The function returns the value.", "Café crème, 中文分词, emoji 😀👍🏽.", HOSTILE]
+LONG = "Return the number of items in the container, counted once. " * 12  # > 64 tokens
+PAGE_RUN_JS = """(r) => r.pageRun && ({ids: r.pageRun.ids, tokens: r.pageRun.tokens,
+  runs: r.pageRun.runs, dropped: r.pageRun.dropped,
+  weights: r.pageRun.attentions.map((w) => Array.from(w))})"""
+
+
+def tiny_gpt(vocab_size: int = 300, seed: int = 0, **changes) -> tuple[GPT, BPETokenizer]:
+    """A random tfbook GPT (context 16) and a byte-level BPE of `vocab_size` tokens."""
+    tokenizer = BPETokenizer.train("the cat sat on the mat; the dog ate the hat. " * 20,
+                                   vocab_size, GPT4_SPLIT_PATTERN, keep_trace=False)
+    torch.manual_seed(seed)
+    config = replace(GPTConfig.tiny(), vocab_size=vocab_size, max_len=16, **changes)
+    return GPT(config).eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[GPT, BPETokenizer]:
+    if not (TRAINED / "model.safetensors").exists():
+        pytest.skip(f"the trained model is missing: run scripts/train_gpt.py (writes {TRAINED})")
+    return load_trained_gpt(TRAINED)
+
+
+def test_gpt_example_is_the_models_forward_on_the_last_tokens() -> None:
+    model, tokenizer = tiny_gpt()
+    e = gpt_attention_example(model, tokenizer, "the cat sat")
+    ids = tokenizer.encode_ordinary("the cat sat")
+    with torch.no_grad():
+        direct = model(torch.tensor([ids]), need_weights=True).attentions
+    assert e.name == "the cat sat" and e.note == ""
+    assert e.tokens == [tokenizer.id_to_token(i) for i in ids]
+    assert torch.equal(e.weights, torch.stack(direct)[:, 0])  # (L, H, T, T)
+    long = "the dog ate the hat " * 10
+    ids = tokenizer.encode_ordinary(long)
+    cut = gpt_attention_example(model, tokenizer, long, "long")
+    with torch.no_grad():
+        direct = model(torch.tensor([ids[-16:]]), need_weights=True).attentions
+    assert len(ids) > 16 and cut.note == truncation_note(len(ids), 16)
+    assert f"first {len(ids) - 16} tokens were cut" in cut.note
+    assert torch.equal(cut.weights, torch.stack(direct)[:, 0])
+    with pytest.raises(ValueError, match="expected some text"):
+        gpt_attention_example(model, tokenizer, " \n ")
+
+
+def test_from_page_model_carries_the_model_and_runs_it_in_python() -> None:
+    model, tokenizer = tiny_gpt()
+    m = AttentionMap.from_page_model(model, tokenizer, ["the cat", "the dog"], layer=1, head=3)
+    payload = export_page_model(model, tokenizer, "float16")
+    assert m.page_model == payload_json(payload) and json.loads(m.page_model) == payload
+    assert "class PageGPT" in m._esm and "class PageGPT" not in AttentionMap._esm
+    assert (m.layer, m.head, m.can_run) == (1, 3, True)
+    reference = quantised_reference(model, "float16")  # the page's weights, in Python
+    expected = gpt_attention_example(reference, tokenizer, "the dog")
+    shape = list(expected.weights.shape)
+    assert m.examples[1]["shape"] == shape
+    raw = unpacked(m)[m.offsets[1]:].reshape(shape)
+    assert np.array_equal(raw, quantise_maps(expected.weights))
+    m._on_front_end_message(m, {"type": "request", "args": {"text": "the hat"}}, [])
+    assert m.error == "" and m.example == 2 and m.examples[2]["name"] == "your text"
+    assert m.examples[2]["tokens"] == [tokenizer.id_to_token(i)
+                                       for i in tokenizer.encode_ordinary("the hat")]
+
+
+def test_from_page_model_bad_input() -> None:
+    model, tokenizer = tiny_gpt()
+    with pytest.raises(TypeError, match="texts must be a str or a list of str"):
+        AttentionMap.from_page_model(model, tokenizer, [1])
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        AttentionMap.from_page_model(model, tokenizer, "the cat", dtype="bfloat16")
+    with pytest.raises(ValueError, match="expected some text"):
+        AttentionMap.from_page_model(model, tokenizer, "")
+    big, big_tokenizer = tiny_gpt(n_layers=4, d_model=256)  # about 3.4 M float16 numbers
+    with pytest.raises(ValueError, match="more than the 3,000,000 a page may hold"):
+        AttentionMap.from_page_model(big, big_tokenizer, "the cat")
+
+
+def test_typed_text_runs_the_page_model(browser, trained, tmp_path: Path) -> None:
+    """The static page: typed text is encoded and run by gpt.js; its weights equal PyTorch's
+    (float32 weights in the page) within 1e-5, the maps redraw, a long text is cut with a
+    note, empty text gets a message, hostile text stays text, nothing leaves the page."""
+    model, tokenizer = trained
+    m = AttentionMap.from_page_model(model, tokenizer, "The function returns", dtype="float32")
+    assert payload_bytes(json.loads(m.page_model)) <= MAX_PAGE_MODEL_BYTES
+    with static_widget(browser, m, ASSETS, tmp_path) as (page, root, log):
+        requests = []  # every request from here on, local or not: there should be none
+        page.on("request", lambda request: requests.append(request.url))
+        box = root.locator("input[type=text]")
+        assert box.is_enabled() and "runs in this page" in root.inner_text()
+        runs = 0
+        for text in [*TEXTS, LONG]:
+            before = root.evaluate(WIDGET_SNAPSHOT_JS)
+            box.fill(text)
+            runs += 1
+            page.wait_for_function("([r, n]) => r.pageRun && r.pageRun.runs === n",
+                                   arg=[root.element_handle(), runs])
+            run = root.evaluate(PAGE_RUN_JS)
+            ids = tokenizer.encode_ordinary(text)
+            kept = ids[-model.config.max_len:]
+            assert run["ids"] == kept and run["dropped"] == len(ids) - len(kept)
+            assert run["tokens"] == [tokenizer.id_to_token(i) for i in kept]
+            with torch.no_grad():
+                expected = model(torch.tensor([kept]), need_weights=True).attentions
+            for layer, w in enumerate(expected):  # (1, H, T, T)
+                got = torch.tensor(run["weights"][layer]).reshape(w.shape[1:])
+                assert torch.allclose(got, w[0], atol=1e-5, rtol=0), (text, layer)
+            assert wait_for_new_snapshot(root, before) != before  # the maps were redrawn
+            shown = "".join(root.locator(".tfw-strip").first.locator("span").all_inner_texts())
+            assert shown == "".join(t.replace(" ", "␣").replace("\n", "↵") for t in run["tokens"])
+            note = root.locator(".tfw-cut").inner_text()
+            assert note == (truncation_note(len(ids), model.config.max_len) if run["dropped"]
+                            else "")
+        assert root.locator("select").input_value() == "1"  # "your text", after Python's
+        box.fill("   ")
+        expect(root.locator(".tfw-status")).to_contain_text("the text box is empty")
+        assert root.evaluate(PAGE_RUN_JS)["runs"] == runs
+        assert root.locator("img").count() == 0
+    assert not log.dialogs, f"a script ran from the text: {log.dialogs}"
+    assert not requests, f"the page made requests while it ran the model: {requests}"
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log

@@ -3,13 +3,33 @@
 A grid of small maps (layers x heads) and a large view of one head; hovering over the large
 map or clicking a token shows, as a heat strip over the key tokens, where that query token
 puts its attention. It works for self-attention (keys = the same tokens) and cross-attention
-(keys = the source sentence). The maps are stored as bytes (probabilities quantised to
-1/255), so 6 layers x 12 heads x 128 x 128 tokens still make a page of about 1.5 MB.
+(keys = the source sentence).
+
+What the page holds. Each probability is one byte, round(255 w), so the colour scale (white
+at 0, dark blue at 1) loses nothing it could show. The maps of all the examples, back to back
+in (L, H, T, S) order, are compressed with deflate (zlib's run-length strategy: most weights of
+a long sentence round to 0, and runs of zeros cost almost nothing) and written in base64;
+the page inflates them once with the browser's DecompressionStream. All 72 heads of MiniLM
+(6 layers x 12) at 512 tokens are 18.9 million bytes, about 3.3 MB in the page (25 MB as a
+plain base64 of the bytes). A row sums to 1, so at most about 255 of its bytes are non-zero:
+even maps of random scores stay near 5 MB.
+
+The page draws what changed only: each small map once (a pixel holds the largest weight of
+the cells it covers, so a thin diagonal survives the shrinking), the large map once per head,
+the selected query as a rectangle on a canvas laid over it.
+
+A model in the page. `AttentionMap.from_page_model(gpt, tokenizer, texts)` also stores a
+small tfbook GPT and its tokenizer (tfbook.widgets.page_model, at most 3 MB): then, without
+a kernel, the text box runs the model in the reader's browser (static/gpt.js) and draws its
+heads. A text longer than the context keeps its last tokens, and the page says so. In
+Jupyter, Python computes the same maps (`gpt_attention_example`) on the model the page holds
+(`quantised_reference`), so both show the same numbers.
 """
 
 from __future__ import annotations
 
 import base64
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +37,21 @@ import numpy as np
 import torch
 import traitlets
 
-from tfbook.widgets.base import Widget, bundle
+from tfbook.models.gpt import GPT
+from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.widgets.base import STATIC, Widget, bundle
+from tfbook.widgets.page_model import (
+    check_dtype,
+    export_page_model,
+    payload_bytes,
+    payload_json,
+    quantised_reference,
+)
+from tfbook.widgets.sampling import MAX_PAGE_MODEL_BYTES, script_safe
+
+# The script of a widget that carries a model: gpt.js (the forward pass) before attention.js.
+# The others do without gpt.js's 25 kB.
+PAGE_MODEL_ESM = script_safe(STATIC / "gpt.js") + "\n" + bundle("attention.js")
 
 
 @dataclass(frozen=True)
@@ -28,6 +62,7 @@ class AttentionExample:
     tokens: list[str]  # the T query tokens
     weights: torch.Tensor  # (L, H, T, S) probabilities; also accepts (H, T, S) or (T, S)
     source_tokens: list[str] | None = None  # the S key tokens; None for self-attention
+    note: str = ""  # shown under the large map (e.g. that a long text was cut)
 
     def as_4d(self) -> torch.Tensor:
         """The weights as (L, H, T, S), checked against the tokens."""
@@ -35,6 +70,8 @@ class AttentionExample:
             if tokens is not None and (isinstance(tokens, str) or not all(
                     isinstance(t, str) for t in tokens)):
                 raise TypeError(f"{what} must be a list of strings, got {tokens!r:.80}")
+        if not isinstance(self.note, str):
+            raise TypeError(f"note must be a str, got {type(self.note).__name__}")
         try:
             w = torch.as_tensor(self.weights).detach().float().cpu()
         except (TypeError, ValueError, RuntimeError) as error:  # ragged lists, strings, ...
@@ -55,13 +92,55 @@ class AttentionExample:
         return w
 
 
+def quantise_maps(w: torch.Tensor) -> np.ndarray:
+    """Probabilities (L, H, T, S) -> bytes round(255 w), as the page draws them."""
+    return np.round(w.numpy() * 255).clip(0, 255).astype(np.uint8)
+
+
+def pack_maps(chunks: Sequence[bytes]) -> str:
+    """The page's `data`: base64 of the deflate stream (zlib format, run-length strategy) of
+    the chunks back to back; the page inflates it with DecompressionStream("deflate")."""
+    packer = zlib.compressobj(6, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
+    packed = b"".join(packer.compress(chunk) for chunk in chunks) + packer.flush()
+    return base64.b64encode(packed).decode("ascii")
+
+
+def truncation_note(n_tokens: int, max_len: int) -> str:
+    """What the page says when a text is longer than the context (static/attention.js
+    writes the same words)."""
+    return (f"the text is {n_tokens} tokens long and the model reads at most {max_len}: "
+            f"its first {n_tokens - max_len} tokens were cut, the maps show the last {max_len}")
+
+
+@torch.no_grad()
+def gpt_attention_example(model: GPT, tokenizer: BPETokenizer, text: str,
+                          name: str | None = None) -> AttentionExample:
+    """A GPT's attention weights (L, H, T, T) on `text`, as the page computes them: the ids
+    of encode_ordinary (special-token strings are plain text), the last max_len of them."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"expected some text to run the model on, got {text!r:.80}")
+    ids = tokenizer.encode_ordinary(text)
+    max_len = model.config.max_len
+    note = truncation_note(len(ids), max_len) if len(ids) > max_len else ""
+    ids = ids[-max_len:]
+    was_training = model.training
+    model.eval()
+    try:
+        attentions = model(torch.tensor([ids]), need_weights=True).attentions
+    finally:
+        model.train(was_training)
+    weights = torch.stack(attentions)[:, 0]  # L x (1, H, T, T) -> (L, H, T, T)
+    tokens = [tokenizer.id_to_token(i) for i in ids]
+    return AttentionExample(text if name is None else name, tokens, weights, note=note)
+
+
 class AttentionMap(Widget):
     """Explore attention maps: layers x heads grid, one head in large, hover a token."""
 
     _esm = bundle("attention.js")
 
-    examples = traitlets.List().tag(sync=True)  # [{name, tokens, keys, shape: [L, H, T, S]}]
-    data = traitlets.Unicode("").tag(sync=True)  # base64 of uint8 maps, examples back to back
+    examples = traitlets.List().tag(sync=True)  # [{name, tokens, keys, cross, shape, note}]
+    data = traitlets.Unicode("").tag(sync=True)  # base64 of deflated uint8 maps (pack_maps)
     offsets = traitlets.List(traitlets.Int()).tag(sync=True)  # byte offset of each example
     example = traitlets.Int(0).tag(sync=True)  # selected example
     layer = traitlets.Int(0).tag(sync=True)  # selected layer
@@ -69,6 +148,7 @@ class AttentionMap(Widget):
     query = traitlets.Int(0).tag(sync=True)  # selected query token
     can_run = traitlets.Bool(False).tag(sync=True)  # a model is attached for your own text
     placeholder = traitlets.Unicode("type a sentence").tag(sync=True)  # hint in the text box
+    page_model = traitlets.Unicode("").tag(sync=True)  # payload_json of a GPT, or "" (none)
 
     def __init__(self, examples: AttentionExample | Sequence[AttentionExample],
                  run: Callable[[str], AttentionExample] | None = None, layer: int = 0,
@@ -85,21 +165,49 @@ class AttentionMap(Widget):
         L, H = self.examples[0]["shape"][:2]
         self.layer, self.head = min(layer, L - 1), min(head, H - 1)
 
+    @classmethod
+    def from_page_model(cls, model: GPT, tokenizer: BPETokenizer, texts: str | Sequence[str],
+                        *, dtype: str = "float16", layer: int = 0, head: int = 0,
+                        placeholder: str = "type a sentence") -> AttentionMap:
+        """The maps of a small GPT on `texts`, with the model in the page (export_page_model,
+        at most 3 MB) so that the static page draws the reader's own text; Python computes
+        these maps now, and the live ones in Jupyter, on the page's weights."""
+        check_dtype(dtype)
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise TypeError(f"texts must be a str or a list of str, got {texts!r:.80}")
+        payload = export_page_model(model, tokenizer, dtype)
+        size = payload_bytes(payload)
+        if size > MAX_PAGE_MODEL_BYTES:
+            raise ValueError(f"the page model takes {size:,} bytes in {dtype}, more than the "
+                             f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: use a smaller model or "
+                             f"dtype 'int8'")
+        reference = quantised_reference(model, dtype)
+        examples = [gpt_attention_example(reference, tokenizer, t) for t in texts]
+        widget = cls(examples, run=lambda text: gpt_attention_example(
+            reference, tokenizer, text, "your text"), layer=layer, head=head,
+            placeholder=placeholder)
+        widget._esm = PAGE_MODEL_ESM  # this widget's page also needs gpt.js
+        widget.page_model = payload_json(payload)
+        return widget
+
     def _set_examples(self, examples: list[AttentionExample]) -> None:
         chunks, meta, offsets, offset = [], [], [], 0
         for e in examples:
             w = e.as_4d()
-            quantised = np.round(w.numpy() * 255).clip(0, 255).astype(np.uint8)
+            quantised = quantise_maps(w)
             chunks.append(quantised.tobytes())  # row-major (L, H, T, S)
             keys = e.tokens if e.source_tokens is None else e.source_tokens
             meta.append({"name": e.name, "tokens": [str(t) for t in e.tokens],
                          "keys": [str(t) for t in keys], "cross": e.source_tokens is not None,
-                         "shape": list(w.shape)})
+                         "shape": list(w.shape), "note": e.note})
             offsets.append(offset)
             offset += quantised.size
         self._examples = examples
-        self.examples, self.offsets = meta, offsets
-        self.data = base64.b64encode(b"".join(chunks)).decode("ascii")
+        with self.hold_sync():  # one message: the page never sees new names with old maps
+            self.examples, self.offsets = meta, offsets
+            self.data = pack_maps(chunks)
 
     def compute(self, text: str = "") -> None:
         """Run the attached model on new text and show its attention as a new example."""

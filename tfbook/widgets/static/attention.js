@@ -1,36 +1,95 @@
 // Attention maps: a layers x heads grid of small maps, one head in large, and a heat strip
 // of what the selected query token attends to. Hover the large map (or click a token) to
 // pick the query; click a small map (or use the sliders) to pick the layer and head.
+//
+// Python sends every map as bytes (round(255 w)), examples back to back in (L, H, T, S)
+// order, deflated and in base64 (tfbook/widgets/attention.py, pack_maps); the page inflates
+// them once (DecompressionStream). Then it paints only what changed, so that 72 heads of
+// 512 tokens stay quick:
+//   - a small map once per example: a pixel holds the largest byte of the cells it covers;
+//   - the large map once per layer/head, one pixel per cell (CSS scales it up);
+//   - the selected query as a rectangle on a canvas laid over the large map (a hover);
+//   - the token strips once per example; a new query or head recolours the key tokens.
+//
+// With a page model (from_page_model puts a small GPT's payload in `page_model`, and gpt.js
+// comes before this file), the text box works without a kernel: the page encodes the text
+// (PageTokenizer), keeps its last max_len tokens (fitContext, and says so), runs PageGPT's
+// forward with its attention weights, and shows them as one more example, "your text".
+// That run lives in this view only (pageRun). In Jupyter, with a kernel, Python computes.
+// Token text is always set with textContent, never as HTML.
 
-const CELL_GRID = 52; // size of a small map, px
+const CELL_GRID = 52;  // size of a small map, px
+const TYPED_NAME = "your text";  // the example of the reader's text (Python's name too)
+const EMPTY_TEXT = "the text box is empty: type a sentence to see its attention";
 
-function decode(data) {
-  const raw = atob(data);
+/** Colour of byte v (weight v / 255), as common.js's sequentialColor: r, g, b per byte. */
+const PALETTE = (() => {
+  const rgb = new Uint8ClampedArray(256 * 3);
+  for (let v = 0; v < 256; v++) {
+    rgb[3 * v] = Math.round(255 - (215 * v) / 255);
+    rgb[3 * v + 1] = Math.round(255 - (155 * v) / 255);
+    rgb[3 * v + 2] = Math.round(255 - (55 * v) / 255);
+  }
+  return rgb;
+})();
+
+/** base64 text -> its bytes (Uint8Array.fromBase64 where the browser has it: faster). */
+function fromBase64(text) {
+  if (typeof Uint8Array.fromBase64 === "function") return Uint8Array.fromBase64(text);
+  const raw = atob(text);
   const bytes = new Uint8Array(raw.length);
   for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
   return bytes;
 }
 
-/** Paint one (T, S) map of bytes (0..255) into a canvas of the given pixel size. */
-function paintMap(canvas, bytes, start, T, S, width, height) {
-  const small = document.createElement("canvas");
-  small.width = S;
-  small.height = T;
-  const ctx = small.getContext("2d");
-  const image = ctx.createImageData(S, T);
-  for (let i = 0; i < T * S; i++) {
-    const v = bytes[start + i] / 255;
-    image.data[4 * i] = Math.round(255 - 215 * v);
-    image.data[4 * i + 1] = Math.round(255 - 155 * v);
-    image.data[4 * i + 2] = Math.round(255 - 55 * v);
-    image.data[4 * i + 3] = 255;
+/** Python's pack_maps undone: base64 -> deflate stream (zlib format) -> the map bytes. */
+async function inflateMaps(text) {
+  if (typeof DecompressionStream === "undefined") {
+    throw new Error("this browser cannot unpack the maps (it has no DecompressionStream)");
+  }
+  const stream = new Blob([fromBase64(text)]).stream()
+    .pipeThrough(new DecompressionStream("deflate"));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+
+/** Paint rows x cols bytes from `start` into `canvas`, one pixel per byte. */
+function paintBytes(canvas, bytes, start, rows, cols) {
+  canvas.width = cols;
+  canvas.height = rows;
+  const ctx = canvas.getContext("2d");
+  const image = ctx.createImageData(cols, rows);
+  const px = image.data;
+  for (let i = 0; i < rows * cols; i++) {
+    const v = 3 * bytes[start + i];
+    px[4 * i] = PALETTE[v];
+    px[4 * i + 1] = PALETTE[v + 1];
+    px[4 * i + 2] = PALETTE[v + 2];
+    px[4 * i + 3] = 255;
   }
   ctx.putImageData(image, 0, 0);
-  canvas.width = width;
-  canvas.height = height;
-  const out = canvas.getContext("2d");
-  out.imageSmoothingEnabled = false;
-  out.drawImage(small, 0, 0, width, height);
+}
+
+/** A (T, S) map shrunk to h x w (h <= T, w <= S): each pixel the largest byte of its block,
+ *  rows [floor(y T / h), floor((y + 1) T / h)) and the same for columns. */
+function shrinkMap(bytes, start, T, S, h, w) {
+  const out = new Uint8Array(h * w);
+  const colBin = new Int32Array(S);  // key column -> pixel column
+  for (let s = 0; s < S; s++) colBin[s] = Math.floor((s * w) / S);
+  for (let t = 0; t < T; t++) {
+    const row = Math.floor((t * h) / T) * w;
+    const at = start + t * S;
+    for (let s = 0; s < S; s++) {
+      const v = bytes[at + s];
+      if (v > out[row + colBin[s]]) out[row + colBin[s]] = v;
+    }
+  }
+  return out;
+}
+
+/** The same words as Python's truncation_note. */
+function truncationNote(nTokens, maxLen) {
+  return `the text is ${nTokens} tokens long and the model reads at most ${maxLen}: ` +
+    `its first ${nTokens - maxLen} tokens were cut, the maps show the last ${maxLen}`;
 }
 
 function render({ model, el: element }) {
@@ -39,118 +98,198 @@ function render({ model, el: element }) {
   const layerSlider = slider({ label: "layer", min: 0, max: 0, value: 0, onInput: (v) => pick({ layer: v }) });
   const headSlider = slider({ label: "head", min: 0, max: 0, value: 0, onInput: (v) => pick({ head: v }) });
   const big = el("canvas", { "aria-label": "attention map of the selected head" });
+  const overlay = el("canvas", { class: "tfw-overlay", "aria-hidden": "true" });
+  const mapBox = el("div", { class: "tfw-mapbox" }, big, overlay);
   const grid = el("div", { class: "tfw-grid" });
   const controls = el("div", { class: "tfw-row" });
-  const caption = el("div", { class: "tfw-note" });
+  const caption = el("div", { class: "tfw-note" }, "unpacking the maps…");
+  const exampleNote = el("div", { class: "tfw-note tfw-cut" });
   const queries = el("div", { class: "tfw-strip" });
   const strip = el("div", { class: "tfw-strip" });
   const textInput = el("input", { type: "text", size: 50, "aria-label": "your input",
                                    placeholder: model.get("placeholder") });
   const run = el("button", {}, "run the model");
   const note = el("span", { class: "tfw-note" });
+  const status = el("span", { class: "tfw-note tfw-status" });
   const errorBox = el("span", { class: "tfw-note", style: "color:#b00" });
-  const liveRow = el("div", { class: "tfw-row" }, textInput, run, note, errorBox);
+  const liveRow = el("div", { class: "tfw-row" }, textInput, run, note, status, errorBox);
   node.append(
     el("style", {}, `.tfw-grid { display: grid; gap: 3px; align-items: center; }
-      .tfw-grid canvas { cursor: pointer; border: 2px solid transparent; }
+      .tfw-grid canvas { cursor: pointer; border: 2px solid transparent;
+        width: ${CELL_GRID}px; height: ${CELL_GRID}px; }
       .tfw-grid canvas.selected { border-color: #d62728; }
+      .tfw-mapbox { position: relative; display: inline-block; line-height: 0; }
+      .tfw-mapbox .tfw-overlay { position: absolute; left: 0; top: 0; pointer-events: none;
+        border-color: transparent; }
+      .tfw-cut { color: #b35900; }
       .tfw-strip { line-height: 1.9; max-width: 900px; }
       .tfw-strip .tfw-token { display: inline-block; border: 1px solid #ddd; margin: 1px;
         cursor: pointer; }
       .tfw-strip .tfw-token.selected { outline: 2px solid #d62728; }`),
     controls,
-    el("div", { class: "tfw-row" }, el("div", {}, big, caption), grid),
+    el("div", { class: "tfw-row" }, el("div", {}, mapBox, caption, exampleNote), grid),
     el("div", { class: "tfw-note" }, "query tokens (click one):"), queries,
     el("div", { class: "tfw-note" }, "attention of the selected query over the keys:"), strip,
     liveRow,
   );
-  picker.addEventListener("change", () => pick({ example: Number(picker.value), query: 0 }));
-  run.addEventListener("click", () => request(model, { text: textInput.value }));
-  watchLive(model, (live) => {
-    const usable = live && model.get("can_run");
-    textInput.disabled = run.disabled = !usable;
-    liveRow.style.display = model.get("can_run") ? "" : "none";
-    note.textContent = usable ? "" : "static page: run the chapter in Jupyter to try your own text";
-  });
 
-  let bytes = new Uint8Array(0);
-  let decodedFrom = null;
+  // --- the data: Python's examples (inflated once per `data`) and the page's own run ------
+  let inflated = { from: null, bytes: null };  // the maps of model.get("data"), once unpacked
+  let typed = null;  // {meta, bytes, offset: 0, key} of the text the page ran itself
+  let version = 0;  // bumped whenever the bytes behind an example may change
+
+  function unpack() {
+    const data = model.get("data");
+    if (inflated.from === data) return;
+    inflated = { from: data, bytes: null };
+    inflateMaps(data).then((bytes) => {
+      if (inflated.from !== data) return;  // newer data arrived meanwhile
+      inflated.bytes = bytes;
+      version += 1;
+      draw();
+    }, (error) => {
+      caption.textContent = error.message;
+    });
+  }
+
+  /** Every example shown: Python's, then the page's run. */
+  function exampleList() {
+    const metas = model.get("examples");
+    const offsets = model.get("offsets");
+    if (!inflated.bytes || inflated.from !== model.get("data") ||
+        offsets.length !== metas.length) return null;
+    const list = metas.map((meta, i) => ({ meta, bytes: inflated.bytes, offset: offsets[i],
+                                           key: `${version}:${i}` }));
+    if (typed) list.push(typed);
+    return list;
+  }
+
+  function current() {
+    const list = exampleList();
+    if (!list || !list.length) return null;
+    const e = Math.min(Math.max(model.get("example"), 0), list.length - 1);
+    const { meta: ex, bytes, offset, key } = list[e];
+    const [L, H, T, S] = ex.shape;
+    const layer = Math.min(model.get("layer"), L - 1);
+    const head = Math.min(model.get("head"), H - 1);
+    const query = Math.min(model.get("query"), T - 1);
+    return { list, e, ex, bytes, key, L, H, T, S, layer, head, query, offset };
+  }
 
   function pick(changes) {
     for (const [key, value] of Object.entries(changes)) model.set(key, value);
     model.save_changes();
   }
 
-  function current() {
-    const examples = model.get("examples");
-    const offsets = model.get("offsets");
-    if (!examples.length || offsets.length !== examples.length) return null;
-    if (decodedFrom !== model.get("data")) {
-      decodedFrom = model.get("data");
-      bytes = decode(decodedFrom);
-    }
-    const e = Math.min(model.get("example"), examples.length - 1);
-    const ex = examples[e];
-    const [L, H, T, S] = ex.shape;
-    const layer = Math.min(model.get("layer"), L - 1);
-    const head = Math.min(model.get("head"), H - 1);
-    const query = Math.min(model.get("query"), T - 1);
-    return { e, ex, L, H, T, S, layer, head, query, offset: offsets[e] };
-  }
-
   const mapStart = (c, l, h) => c.offset + ((l * c.H + h) * c.T) * c.S;
 
+  // --- drawing: each part remembers what it shows and repaints only when that changes -----
+  const shown = { names: null, grid: null, cells: [], selected: null, big: null, cell: 0,
+                  overlayQuery: null, strips: null, querySpans: [], keySpans: [],
+                  stripQuery: null, keys: null };
+
+  function drawPicker(c) {
+    const names = c.list.map((x) => x.meta.name);
+    if (shown.names !== names.join("\u0000")) {
+      shown.names = names.join("\u0000");
+      picker.replaceChildren(...names.map((name, i) => el("option", { value: i }, name)));
+    }
+    picker.value = String(c.e);
+    picker.style.display = names.length > 1 ? "" : "none";
+  }
+
   function drawGrid(c) {
-    grid.replaceChildren();
-    grid.style.gridTemplateColumns = `auto repeat(${c.H}, ${CELL_GRID + 4}px)`;
-    grid.append(el("span", {}));
-    for (let h = 0; h < c.H; h++) grid.append(el("span", { class: "tfw-note" }, `h${h}`));
-    for (let l = 0; l < c.L; l++) {
-      grid.append(el("span", { class: "tfw-note" }, `L${l}`));
-      for (let h = 0; h < c.H; h++) {
-        const small = el("canvas", { title: `layer ${l}, head ${h}` });
-        paintMap(small, bytes, mapStart(c, l, h), c.T, c.S, CELL_GRID, CELL_GRID);
-        if (l === c.layer && h === c.head) small.classList.add("selected");
-        small.addEventListener("click", () => pick({ layer: l, head: h }));
-        grid.append(small);
+    if (shown.grid !== c.key) {
+      shown.grid = c.key;
+      shown.selected = null;
+      shown.cells = [];
+      const h = Math.min(c.T, CELL_GRID), w = Math.min(c.S, CELL_GRID);
+      const parts = [el("span", {})];
+      for (let hd = 0; hd < c.H; hd++) parts.push(el("span", { class: "tfw-note" }, `h${hd}`));
+      for (let l = 0; l < c.L; l++) {
+        parts.push(el("span", { class: "tfw-note" }, `L${l}`));
+        for (let hd = 0; hd < c.H; hd++) {
+          const small = el("canvas", { title: `layer ${l}, head ${hd}` });
+          paintBytes(small, shrinkMap(c.bytes, mapStart(c, l, hd), c.T, c.S, h, w), 0, h, w);
+          small.addEventListener("click", () => pick({ layer: l, head: hd }));
+          shown.cells.push(small);
+          parts.push(small);
+        }
       }
+      grid.style.gridTemplateColumns = `auto repeat(${c.H}, ${CELL_GRID + 4}px)`;
+      grid.replaceChildren(...parts);
+    }
+    const selected = shown.cells[c.layer * c.H + c.head];
+    if (shown.selected !== selected) {
+      if (shown.selected) shown.selected.classList.remove("selected");
+      selected.classList.add("selected");
+      shown.selected = selected;
     }
   }
 
   function drawBig(c) {
-    const cell = Math.max(2, Math.min(24, Math.floor(420 / Math.max(c.T, c.S))));
-    paintMap(big, bytes, mapStart(c, c.layer, c.head), c.T, c.S, c.S * cell, c.T * cell);
-    const ctx = big.getContext("2d");
-    ctx.strokeStyle = "#d62728";
-    ctx.lineWidth = 2;
-    ctx.strokeRect(1, c.query * cell + 1, c.S * cell - 2, cell - 2);
-    caption.textContent = `${c.ex.cross ? "cross" : "self"}-attention, layer ${c.layer}, head ${c.head}: ` +
-      `${c.T} queries (rows) x ${c.S} keys (columns)`;
+    const what = `${c.key}:${c.layer}:${c.head}`;
+    if (shown.big !== what) {
+      shown.big = what;
+      const cell = Math.max(2, Math.min(24, Math.floor(420 / Math.max(c.T, c.S))));
+      paintBytes(big, c.bytes, mapStart(c, c.layer, c.head), c.T, c.S);
+      for (const canvas of [big, overlay]) {
+        canvas.style.width = `${c.S * cell}px`;
+        canvas.style.height = `${c.T * cell}px`;
+      }
+      overlay.width = c.S * cell;
+      overlay.height = c.T * cell;
+      shown.cell = cell;
+      shown.overlayQuery = null;  // resizing the overlay cleared it
+      caption.textContent = `${c.ex.cross ? "cross" : "self"}-attention, layer ${c.layer}, ` +
+        `head ${c.head}: ${c.T} queries (rows) x ${c.S} keys (columns)`;
+      exampleNote.textContent = c.ex.note || "";
+    }
+    if (shown.overlayQuery !== c.query) {  // the rectangle of the selected query, alone
+      shown.overlayQuery = c.query;
+      const ctx = overlay.getContext("2d");
+      ctx.clearRect(0, 0, overlay.width, overlay.height);
+      ctx.strokeStyle = "#d62728";
+      ctx.lineWidth = 2;
+      ctx.strokeRect(1, c.query * shown.cell + 1, c.S * shown.cell - 2, shown.cell - 2);
+    }
   }
 
   function drawStrips(c) {
-    queries.replaceChildren(...c.ex.tokens.map((t, i) => {
-      const span = el("span", { class: "tfw-token" + (i === c.query ? " selected" : ""),
-                                 title: `query ${i}` }, visibleText(t));
-      span.addEventListener("click", () => pick({ query: i }));
-      return span;
-    }));
-    const start = mapStart(c, c.layer, c.head) + c.query * c.S;
-    strip.replaceChildren(...c.ex.keys.map((t, j) => {
-      const w = bytes[start + j] / 255;
-      return el("span", { class: "tfw-token", title: `key ${j}: ${w.toFixed(3)}`,
-                          style: `background:${sequentialColor(w, 1)};color:${w > 0.6 ? "#fff" : "#222"}` },
-                visibleText(t));
-    }));
+    if (shown.strips !== c.key) {
+      shown.strips = c.key;
+      shown.keys = null;
+      shown.querySpans = c.ex.tokens.map((t, i) => el("span", { class: "tfw-token",
+        title: `query ${i}`, "data-index": i }, visibleText(t)));
+      queries.replaceChildren(...shown.querySpans);
+      shown.keySpans = c.ex.keys.map((t) => el("span", { class: "tfw-token" }, visibleText(t)));
+      strip.replaceChildren(...shown.keySpans);
+      shown.stripQuery = null;
+    }
+    if (shown.stripQuery !== c.query) {
+      if (shown.stripQuery !== null) shown.querySpans[shown.stripQuery].classList.remove("selected");
+      shown.querySpans[c.query].classList.add("selected");
+      shown.stripQuery = c.query;
+    }
+    const what = `${c.layer}:${c.head}:${c.query}`;
+    if (shown.keys !== what) {  // recolour the keys: the selected query's row of the map
+      shown.keys = what;
+      const start = mapStart(c, c.layer, c.head) + c.query * c.S;
+      shown.keySpans.forEach((span, j) => {
+        const v = c.bytes[start + j];
+        span.title = `key ${j}: ${(v / 255).toFixed(3)}`;
+        span.style.background = `rgb(${PALETTE[3 * v]},${PALETTE[3 * v + 1]},${PALETTE[3 * v + 2]})`;
+        span.style.color = v > 153 ? "#fff" : "#222";  // weight > 0.6
+      });
+    }
   }
 
   function draw() {
+    errorBox.textContent = pageError || model.get("error");
+    unpack();
     const c = current();
     if (!c) return;
-    const examples = model.get("examples");
-    picker.replaceChildren(...examples.map((x, i) => el("option", { value: i }, x.name)));
-    picker.value = String(c.e);
-    picker.style.display = examples.length > 1 ? "" : "none";
+    drawPicker(c);
     // a slider only where there is a choice (one layer: no layer slider)
     setChildren(controls, [picker, ...(c.L > 1 ? [layerSlider.node] : []),
                            ...(c.H > 1 ? [headSlider.node] : [])]);
@@ -158,30 +297,109 @@ function render({ model, el: element }) {
     headSlider.input.max = String(c.H - 1);
     layerSlider.set(c.layer);
     headSlider.set(c.head);
-    errorBox.textContent = model.get("error");
     drawGrid(c);
     drawBig(c);
     drawStrips(c);
   }
 
-  big.addEventListener("mousemove", (event) => {
+  // --- the reader's text: Python (a kernel) or the page model -----------------------------
+  let live = false;
+  let pageError = "";
+  let gpt = null;  // the PageGPT, decoded from the payload on the first run
+  let runs = 0;
+  let pending = false;
+  const hasPageModel = () => model.get("page_model") !== "";
+  const inPython = () => live && model.get("can_run");
+  const inPage = () => !inPython() && hasPageModel();
+
+  /** Run the page model on the text box and show its maps as the example "your text". */
+  function runHere() {
+    pending = false;
+    const text = textInput.value;
+    pageError = "";
+    if (text.trim() === "") {
+      status.textContent = EMPTY_TEXT;
+      draw();
+      return;
+    }
+    try {
+      gpt = gpt || new PageGPT(JSON.parse(model.get("page_model")));
+      const start = performance.now();
+      const all = gpt.tokenizer.encode(text);
+      const { ids, dropped } = fitContext(all, gpt.config.max_len);
+      const { attentions } = gpt.forward(ids, { needWeights: true, lastOnly: true });
+      const T = ids.length, L = attentions.length, H = gpt.config.n_heads;
+      const bytes = new Uint8Array(L * H * T * T);  // (L, H, T, T), as Python's bytes
+      attentions.forEach((w, l) => {  // w (H, T, T)
+        for (let i = 0; i < w.length; i++) bytes[l * H * T * T + i] = Math.round(w[i] * 255);
+      });
+      const tokens = ids.map((id) => gpt.tokenizer.tokenText(id));
+      const ms = performance.now() - start;
+      runs += 1;
+      typed = {
+        meta: { name: TYPED_NAME, tokens, keys: tokens, cross: false, shape: [L, H, T, T],
+                note: dropped ? truncationNote(all.length, gpt.config.max_len) : "" },
+        bytes, offset: 0, key: `page${runs}`,
+      };
+      node.pageRun = { ids, tokens, dropped, attentions, ms, runs };  // for inspection
+      status.textContent = `computed in this page in ${ms.toFixed(0)} ms`;
+    } catch (error) {
+      pageError = error.message;  // e.g. a lone surrogate; the maps stay as they were
+      draw();
+      return;
+    }
+    const index = model.get("examples").length;  // the page's example comes last
+    pick({ example: index, query: Math.min(model.get("query"), typed.meta.tokens.length - 1) });
+    draw();
+  }
+
+  function runText() {
+    if (inPython()) {
+      request(model, { text: textInput.value });
+    } else if (inPage() && !pending) {
+      pending = true;  // one run per frame however fast the reader types
+      requestAnimationFrame(runHere);
+    }
+  }
+
+  run.addEventListener("click", runText);
+  textInput.addEventListener("input", () => { if (inPage()) runText(); });
+  textInput.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") runText();
+  });
+
+  function drawMode() {
+    const python = inPython(), page = inPage();
+    textInput.disabled = run.disabled = !(python || page);
+    liveRow.style.display = model.get("can_run") || hasPageModel() ? "" : "none";
+    run.textContent = page ? "run the model in the page" : "run the model";
+    note.textContent = python ? "" : page
+      ? "the model runs in this page as you type: no kernel, no network"
+      : "static page: run the chapter in Jupyter to try your own text";
+  }
+  watchLive(model, (isLive) => {
+    live = isLive;
+    drawMode();
+  });
+
+  picker.addEventListener("change", () => pick({ example: Number(picker.value), query: 0 }));
+  queries.addEventListener("click", (event) => {
+    const index = event.target.dataset && event.target.dataset.index;
+    if (index !== undefined) pick({ query: Number(index) });
+  });
+  mapBox.addEventListener("mousemove", (event) => {
     const c = current();
     if (!c) return;
     const rect = big.getBoundingClientRect();
     const q = Math.floor(((event.clientY - rect.top) / rect.height) * c.T);
     if (q >= 0 && q < c.T && q !== c.query) pick({ query: q });
   });
-  // a new query only redraws the large map and the strips; the grid waits for layer/head
-  model.on("change:query", () => {
-    const c = current();
-    if (c) {
-      drawBig(c);
-      drawStrips(c);
-    }
-  });
-  for (const name of ["data", "example", "layer", "head", "error"]) {
+  for (const name of ["data", "examples", "offsets", "example", "layer", "head", "query",
+                      "error"]) {
     model.on(`change:${name}`, draw);
   }
+  model.on("change:page_model", () => { gpt = null; drawMode(); });
+  model.on("change:can_run", drawMode);
   draw();
 }
 
