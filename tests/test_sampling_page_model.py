@@ -29,9 +29,13 @@ from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import GPT4_SPLIT_PATTERN
-from tfbook.widgets.page_model import export_page_model, payload_json, quantised_reference
-from tfbook.widgets.sampling import (
+from tfbook.widgets.page_model import (
     MAX_PAGE_MODEL_BYTES,
+    export_page_model,
+    payload_json,
+    quantised_reference,
+)
+from tfbook.widgets.sampling import (
     SamplingWidget,
     fit_prompt,
     mulberry32,

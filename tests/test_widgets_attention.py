@@ -35,12 +35,12 @@ from tfbook.widgets.attention import (
     truncation_note,
 )
 from tfbook.widgets.page_model import (
+    MAX_PAGE_MODEL_BYTES,
     export_page_model,
     payload_bytes,
     payload_json,
     quantised_reference,
 )
-from tfbook.widgets.sampling import MAX_PAGE_MODEL_BYTES
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 

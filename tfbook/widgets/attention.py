@@ -39,19 +39,18 @@ import traitlets
 
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
-from tfbook.widgets.base import STATIC, Widget, bundle
+from tfbook.widgets.base import Widget, bundle
 from tfbook.widgets.page_model import (
     check_dtype,
-    export_page_model,
-    payload_bytes,
+    gpt_js_script_safe,
+    page_payload,
     payload_json,
     quantised_reference,
 )
-from tfbook.widgets.sampling import MAX_PAGE_MODEL_BYTES, script_safe
 
 # The script of a widget that carries a model: gpt.js (the forward pass) before attention.js.
 # The others do without gpt.js's 25 kB.
-PAGE_MODEL_ESM = script_safe(STATIC / "gpt.js") + "\n" + bundle("attention.js")
+PAGE_MODEL_ESM = gpt_js_script_safe() + "\n" + bundle("attention.js")
 
 
 @dataclass(frozen=True)
@@ -177,12 +176,7 @@ class AttentionMap(Widget):
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise TypeError(f"texts must be a str or a list of str, got {texts!r:.80}")
-        payload = export_page_model(model, tokenizer, dtype)
-        size = payload_bytes(payload)
-        if size > MAX_PAGE_MODEL_BYTES:
-            raise ValueError(f"the page model takes {size:,} bytes in {dtype}, more than the "
-                             f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: use a smaller model or "
-                             f"dtype 'int8'")
+        payload = page_payload(model, tokenizer, dtype)
         reference = quantised_reference(model, dtype)
         examples = [gpt_attention_example(reference, tokenizer, t) for t in texts]
         widget = cls(examples, run=lambda text: gpt_attention_example(

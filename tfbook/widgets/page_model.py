@@ -32,6 +32,7 @@ import base64
 import copy
 import functools
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -252,6 +253,26 @@ def payload_bytes(payload: dict[str, Any]) -> int:
 
 
 GPT_JS = Path(__file__).resolve().parent / "static" / "gpt.js"
+MAX_PAGE_MODEL_BYTES = 3_000_000  # the budget of model data in one page
+
+
+def page_payload(model: GPT, tokenizer: BPETokenizer, dtype: str = "float16") -> dict:
+    """export_page_model, refused with a clear error when it exceeds the page's budget."""
+    payload = export_page_model(model, tokenizer, dtype)
+    size = payload_bytes(payload)
+    if size > MAX_PAGE_MODEL_BYTES:
+        raise ValueError(f"the page model takes {size:,} bytes in {dtype}, more than the "
+                         f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: use a smaller model or "
+                         f"dtype 'int8'")
+    return payload
+
+
+def gpt_js_script_safe() -> str:
+    """static/gpt.js made safe to sit in a widget's module in the saved page: "<" before
+    "!--", "script" or "/script" becomes \\x3C, which reads as "<" in a string or a regular
+    expression and is inert in a comment, the only places such text can be."""
+    return re.sub(r"<(?=!--|/?script)", r"\\x3C", GPT_JS.read_text(encoding="utf-8"),
+                  flags=re.IGNORECASE)
 # gpt.js declares its names at the top of a classic script; Node runs it the same way (vm)
 NODE_RUNNER = r"""
 const fs = require("fs"), vm = require("vm");

@@ -30,10 +30,8 @@ the saved page raw (see `page_text`), so no token can end or open a script eleme
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from numbers import Integral, Real
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,8 +44,8 @@ from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets.base import STATIC, Widget, bundle, rounded
 from tfbook.widgets.page_model import (
     check_dtype,
-    export_page_model,
-    payload_bytes,
+    gpt_js_script_safe,
+    page_payload,
     payload_json,
     quantised_reference,
 )
@@ -59,7 +57,6 @@ MAX_TEMPERATURE = 2.0
 MAX_NEW_TOKENS = 64  # per live request: generation stays a few seconds on a CPU
 MAX_PROMPT_CHARS = 2000  # the live prompt box
 MAX_SEED = 2**32 - 1  # mulberry32 keeps 32 bits of state
-MAX_PAGE_MODEL_BYTES = 3_000_000  # the budget of model data in one page
 
 TokenText = Callable[[int], str] | Sequence[str]  # token id -> its text
 # What a generate_fn returns: (prompt tokens, (steps, V) logits, chosen ids, token text).
@@ -348,14 +345,6 @@ def page_generation(model: GPT, tokenizer: BPETokenizer, prompt: str, max_new_to
     return (tokens, torch.stack(step_logits), chosen, tokenizer.id_to_token), dropped
 
 
-def script_safe(path: Path) -> str:
-    """A plain script (static/gpt.js) made safe to sit in a widget's module in the saved page:
-    "<" before "!--", "script" or "/script" becomes \\x3C, which reads as "<" in a string
-    or a regular expression and is inert in a comment, the only places such text can be."""
-    return re.sub(r"<(?=!--|/?script)", r"\\x3C", path.read_text(encoding="utf-8"),
-                  flags=re.IGNORECASE)
-
-
 class SamplingWidget(Widget):
     """Bars of the next-token distribution under temperature, top-k and top-p, step by step.
 
@@ -366,7 +355,7 @@ class SamplingWidget(Widget):
     given, returns those four for a new prompt: the live prompt box calls it.
     """
 
-    _esm = "\n".join([bundle("tokenspans.js"), script_safe(STATIC / "gpt.js"),
+    _esm = "\n".join([bundle("tokenspans.js"), gpt_js_script_safe(),
                       (STATIC / "sampling.js").read_text(encoding="utf-8")])
 
     # Strings go to the page through page_text (to_json): Python keeps the real text.
@@ -428,12 +417,7 @@ class SamplingWidget(Widget):
         weights (quantised_reference) with the page's sampler (page_generation)."""
         check_dtype(dtype)
         seed = _check_int("seed", seed, 0, MAX_SEED)
-        payload = export_page_model(model, tokenizer, dtype)
-        size = payload_bytes(payload)
-        if size > MAX_PAGE_MODEL_BYTES:
-            raise ValueError(f"the page model takes {size:,} bytes in {dtype}, more than the "
-                             f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: use a smaller model or "
-                             f"dtype 'int8'")
+        payload = page_payload(model, tokenizer, dtype)
         reference = quantised_reference(model, dtype)
         temperature, top_k, top_p = check_settings(settings.pop("temperature", 1.0),
                                                    settings.pop("top_k", None),
