@@ -18,6 +18,8 @@ PY_REQS := requirements.txt requirements-test.txt requirements-nodeps.txt constr
 # slower (a run here hung for 40 minutes): make them sleep instead, in the book build, the
 # tests, the kernels they start and the benchmarks.
 export OMP_WAIT_POLICY := PASSIVE
+# Every chapter's figures use the book's Matplotlib settings (text sized for the page column).
+export MATPLOTLIBRC := $(CURDIR)/book/matplotlibrc
 
 setup: check-tools $(PY_STAMP) $(JS_STAMP)
 

@@ -14,6 +14,11 @@ end and stop every widget on the page. The state is therefore written again, the
 ipywidgets' own embedder escapes it (``ipywidgets.embed.escape_script``), but stricter:
 every ``<`` becomes the JSON escape ``\u003c``, which JSON.parse reads back as ``<``.
 With no ``<`` left, the HTML parser cannot end, open or comment anything inside the element.
+
+Progress bars (tqdm) redraw their line with carriage returns. A terminal or Jupyter shows
+only the last drawing; the saved output holds every one, and the page would print them all.
+Stream outputs are therefore shown as a terminal would: on each line, only the text after
+its last carriage return.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
 
@@ -79,7 +85,30 @@ def escape_widget_states(app: Sphinx, pagename: str, templatename: str, context:
     context["script_files"] = rewritten
 
 
+def terminal_text(text: str) -> str:
+    """What a terminal shows of `text`: each line keeps what follows its last carriage return
+    (a line that ends with one keeps the drawing before it). "a\rb\nc" -> "b\nc"."""
+    lines = []
+    for line in text.split("\n"):
+        drawings = [part for part in line.split("\r") if part]
+        lines.append(drawings[-1] if drawings else "")
+    return "\n".join(lines)
+
+
+def collapse_progress_bars(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Stream outputs (stdout/stderr of a cell) shown as a terminal shows them."""
+    for block in doctree.findall(nodes.literal_block):
+        classes = block.get("classes", [])
+        if "output" in classes and ("stream" in classes or "stderr" in classes):
+            text = block.astext()
+            if "\r" in text:
+                shown = terminal_text(text)
+                block.rawsource = shown  # equal to its text: still highlighted as an output
+                block.children = [nodes.Text(shown)]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("doctree-resolved", collapse_progress_bars)
     app.connect("html-page-context", drop_thebe, priority=900)
     # myst-nb adds the widget state at the default priority (500): escape it after that.
     app.connect("html-page-context", escape_widget_states, priority=950)

@@ -212,7 +212,7 @@ def train(
     seen = history.tokens[-1] if history.tokens else 0
     began = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start, disable=not progress, file=sys.stderr,
-               mininterval=1.0, dynamic_ncols=False, ncols=90, desc="train")
+               mininterval=1.0, dynamic_ncols=False, ncols=78, desc="train")
     for step in range(start, end):
         if step == 0 and eval_batches:
             run_eval(-1)  # the loss at initialisation, before any update (step -1)
