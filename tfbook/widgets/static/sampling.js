@@ -9,7 +9,7 @@
 //   the most likely; p = 1 is skipped, as in HF's generate.
 // Bars: the kept probability (blue) over the probability before filtering (grey); cut
 // tokens stay listed, greyed, with probability 0. Each bar row carries data-p and data-kept,
-// the summary data-kept, data-entropy (bits) and data-settings, for the tests.
+// the summary data-kept, data-entropy (nats) and data-settings, for the tests.
 // Token text arrives escaped (fromPage) and is always set with textContent, never as HTML.
 //
 // With a page model (Python's from_page_model stores a small GPT's payload in `page_model`),
@@ -138,10 +138,10 @@ function keptDistribution(logits, temperature, topK, topP) {
   return { kept: scores.map((s) => s !== -Infinity), probs: softmax(scores) };
 }
 
-/** Entropy in bits of a distribution: -sum p log2 p over p > 0. */
-function entropyBits(probs) {
+/** Entropy in nats of a distribution: -sum p ln p over p > 0 (the book's unit). */
+function entropyNats(probs) {
   let h = 0;
-  for (const p of probs) if (p > 0) h -= p * Math.log2(p);
+  for (const p of probs) if (p > 0) h -= p * Math.log(p);
   return h;
 }
 
@@ -408,7 +408,7 @@ function render({ model, el: element }) {
     drawBars(step, sampler, keptDistribution(step.logits, T, null, null).probs);
 
     const kept = sampler.kept.filter(Boolean).length;
-    const entropy = entropyBits(probs);
+    const entropy = entropyNats(probs);
     let whole = "";
     if (pageRun) {  // the page holds this step's logits over the whole vocabulary
       const scores = filterLogits(pageRun.logits[s], T, k, p);
@@ -419,7 +419,7 @@ function render({ model, el: element }) {
     } else {
       delete summary.dataset.keptVocab;
     }
-    summary.textContent = `kept ${kept} of ${n} candidates${whole} · entropy ${entropy.toFixed(3)} bits`;
+    summary.textContent = `kept ${kept} of ${n} candidates${whole} · entropy ${entropy.toFixed(3)} nats`;
     summary.dataset.kept = String(kept);
     summary.dataset.entropy = String(entropy);
     summary.dataset.settings = JSON.stringify([s, T, k, p]);
