@@ -24,9 +24,10 @@ from playwright.sync_api import expect
 
 from tests.browser import static_widget
 from tests.conftest import ASSETS, ROOT
+from tests.test_page_model import random_gpt
 from tfbook.generate.sampling import filter_logits, kept_distribution
 from tfbook.generate.search import generate
-from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import GPT4_SPLIT_PATTERN
 from tfbook.widgets.page_model import (
@@ -60,14 +61,7 @@ def bpe() -> BPETokenizer:
 def gpt(bpe: BPETokenizer) -> GPT:
     """A seeded random GPT whose weights are large enough (std 0.2, gains 1 +- 0.1) that the
     next-token distributions are neither flat nor one-hot."""
-    config = replace(GPTConfig.tiny(), vocab_size=bpe.vocab_size, max_len=MAX_LEN)
-    torch.manual_seed(0)
-    model = GPT(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            is_gain = "norm" in name and name.endswith("weight")
-            p.copy_(1 + 0.1 * torch.randn_like(p) if is_gain else 0.2 * torch.randn_like(p))
-    return model
+    return random_gpt(bpe.vocab_size, seed=0)
 
 
 def widget_state(w: SamplingWidget) -> str:
