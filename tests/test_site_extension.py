@@ -22,3 +22,21 @@ def test_only_stream_outputs_change():
     ext.collapse_progress_bars(None, doc, "page")
     assert stream.astext() == "y" and stream.rawsource == "y"
     assert source.astext() == "x\ry"
+
+
+def test_stream_messages_are_joined_as_a_terminal_shows_them():
+    ext = site_extension()
+    outputs = [{"output_type": "stream", "name": "stderr", "text": "\r 10%|#  |"},
+               {"output_type": "stream", "name": "stderr", "text": "\r100%|###|"},
+               {"output_type": "stream", "name": "stderr", "text": "\n"},
+               {"output_type": "stream", "name": "stdout", "text": "done\n"}]
+    joined = ext.terminal_streams(outputs)
+    assert [o["text"] for o in joined] == ["100%|###|\n", "done\n"]
+    assert outputs[0]["text"] == "\r 10%|#  |"  # the notebook's own outputs are not changed
+    from myst_nb.core import render, utils
+
+    ext.setup.__globals__["_use_terminal_streams"]()
+    merged = {o["name"]: o["text"] for o in render.coalesce_streams(outputs)}  # the page's
+    assert merged["stderr"].strip() == "100%|###|" and merged["stdout"] == "done\n"
+    alone = {o["name"]: o["text"] for o in utils.coalesce_streams(outputs)}  # myst-nb alone
+    assert alone["stderr"].count("\n") > 1  # one line per drawing

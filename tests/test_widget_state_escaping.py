@@ -147,6 +147,17 @@ sampling = SamplingWidget(HOSTILE, logits, [T - 1, T - 2], HOSTILE, top_n=T, pro
 sampling.error = TEXT
 sampling
 ```
+
+```{{code-cell}} ipython3
+import sys
+import time
+
+for i in range(3):  # a progress bar redraws its line: separate messages, one per drawing
+    sys.stderr.write(f"\\rdrawing {{i}} of the bar")
+    sys.stderr.flush()
+    time.sleep(0.2)
+sys.stderr.write("\\n")
+```
 '''
 WIDGETS = ["tfw-tokens", "tfw-bpe", "tfw-attention", "tfw-positions", "tfw-rope",
            "tfw-sampling"]
@@ -227,6 +238,12 @@ def test_built_html_has_no_angle_bracket_in_the_state(hostile_book: Path) -> Non
                         r'(.*?)</script>', html, flags=re.S)
     assert len(states) == 1
     assert "<" not in states[0]
+
+
+def test_built_page_shows_a_progress_bar_as_a_terminal_does(hostile_book: Path) -> None:
+    html = (hostile_book / "html" / "hostile.html").read_text(encoding="utf-8")
+    assert "drawing 2 of the bar" in html
+    assert "drawing 0 of the bar" not in html and "drawing 1 of the bar" not in html
 
 
 def test_built_page_runs_nothing_from_the_state(hostile_page, hostile_book: Path) -> None:

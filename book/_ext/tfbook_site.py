@@ -16,13 +16,16 @@ every ``<`` becomes the JSON escape ``\u003c``, which JSON.parse reads back as `
 With no ``<`` left, the HTML parser cannot end, open or comment anything inside the element.
 
 Progress bars (tqdm) redraw their line with carriage returns. A terminal or Jupyter shows
-only the last drawing; the saved output holds every one, and the page would print them all.
-Stream outputs are therefore shown as a terminal would: on each line, only the text after
-its last carriage return.
+only the last drawing; the saved output holds every one as its own stream message, and
+myst-nb, merging a cell's stream messages, ends each one with a newline, so the page would
+print every drawing on a line of its own. The messages of a stream are therefore joined as
+they arrived and shown as a terminal would show them (on each line, only the text after its
+last carriage return) before myst-nb merges them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -107,7 +110,41 @@ def collapse_progress_bars(app: Sphinx, doctree: nodes.document, docname: str) -
                 block.children = [nodes.Text(shown)]
 
 
+def terminal_streams(outputs: list) -> list:
+    """A cell's outputs with consecutive messages of one stream joined as they arrived and
+    shown as a terminal shows them (terminal_text); other outputs unchanged."""
+    joined: list = []
+    for output in outputs:
+        previous = joined[-1] if joined else None
+        if (output.get("output_type") == "stream" and previous is not None
+                and previous.get("output_type") == "stream"
+                and previous.get("name") == output.get("name")):
+            previous["text"] += output["text"]
+        else:
+            joined.append(copy.deepcopy(output))
+    for output in joined:
+        if output.get("output_type") == "stream":
+            output["text"] = terminal_text(output["text"])
+    return joined
+
+
+def _use_terminal_streams() -> None:
+    """Make myst-nb's stream merging (merge_streams) see terminal_streams' outputs."""
+    from myst_nb.core import render
+
+    merge = render.coalesce_streams
+    if getattr(merge, "tfbook_terminal", False):
+        return
+
+    def coalesce(outputs: list) -> list:
+        return merge(terminal_streams(outputs))
+
+    coalesce.tfbook_terminal = True
+    render.coalesce_streams = coalesce
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    _use_terminal_streams()
     app.connect("doctree-resolved", collapse_progress_bars)
     app.connect("html-page-context", drop_thebe, priority=900)
     # myst-nb adds the widget state at the default priority (500): escape it after that.
