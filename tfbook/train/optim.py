@@ -14,6 +14,7 @@ so a rare huge gradient cannot throw the weights far; equal to torch.nn.utils.cl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -23,7 +24,7 @@ from tfbook.config import is_number
 
 
 def _check_rate(name: str, value: object, upper: float | None = None) -> None:
-    if not is_number(value) or not torch.isfinite(torch.tensor(float(value))) or value < 0 or (
+    if not is_number(value) or not math.isfinite(value) or value < 0 or (
         upper is not None and value >= upper
     ):
         bound = f"[0, {upper})" if upper is not None else ">= 0 and finite"

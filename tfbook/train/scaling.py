@@ -27,8 +27,8 @@ from torch import Tensor
 from tfbook.config import is_int
 from tfbook.models.gpt import GPT, GPTConfig, gpt_on_meta
 from tfbook.models.params import count_parameters
-from tfbook.train.corpus_lm import fresh_corpus
-from tfbook.train.data import random_windows, sequential_windows, split_stream
+from tfbook.train.corpus_lm import eval_windows, fresh_corpus, window_sampler
+from tfbook.train.data import split_stream
 from tfbook.train.loop import TrainConfig, evaluate, train
 
 # ---------------------------------------------------------------------------------------------
@@ -103,11 +103,8 @@ def sweep_data(settings: SweepSettings = SETTINGS) -> tuple[Tensor, list, list]:
     validation text), and every validation window, in batches (x (B, T), y (B, T))."""
     ids = torch.tensor(list(corpus_bytes()), dtype=torch.long)  # (N,)
     train_ids, val_ids = split_stream(ids, settings.val_fraction)
-    (x, y), = sequential_windows(val_ids, len(val_ids), settings.T)  # (W, T) each
-    pick = torch.linspace(0, len(x) - 1, settings.eval_windows).round().long()  # (E,)
-    eval_batches = [(x[pick[i : i + 64]], y[pick[i : i + 64]])
-                    for i in range(0, len(pick), 64)]
-    full_val = sequential_windows(val_ids, 128, settings.T)
+    eval_batches = eval_windows(val_ids, 64, settings.T, max_windows=settings.eval_windows)
+    full_val = eval_windows(val_ids, 128, settings.T)
     return train_ids, eval_batches, full_val
 
 
@@ -121,9 +118,7 @@ def run_size(config: GPTConfig, seed: int, data: tuple[Tensor, list, list] | Non
     torch.manual_seed(seed)  # the initial weights; train() then seeds the batches
     model = GPT(config)
 
-    def next_batch(generator: torch.Generator):
-        return random_windows(train_ids, settings.batch_size, settings.T, generator)
-
+    next_batch = window_sampler(train_ids, settings.batch_size, settings.T)
     began = time.process_time()
     n_params = non_embedding_parameters(config)
     history = train(model, next_batch, settings.train_config(seed),
