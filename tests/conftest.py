@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import CHROMIUM_ARGS, chromium_path
+from tests.numerics import build_numerics, with_numerics
 
 ROOT = Path(__file__).resolve().parent.parent
 # The book is built into $TFBOOK_OUTPUT/_build (default: the repository), with the table of
@@ -25,6 +26,11 @@ def build_command() -> list[str]:
     """jupyter-book build of the whole book, every chapter executed, warnings as errors."""
     return [str(Path(sys.executable).parent / "jupyter-book"), "build", "--all", "-W", "-n",
             "--keep-going", "--path-output", str(OUTPUT), "--toc", str(TOC), str(ROOT)]
+
+
+def build_environment() -> dict[str, str]:
+    """The book build runs under its own numeric configuration (tests/numerics.py)."""
+    return with_numerics(dict(os.environ), build_numerics())
 
 
 # The book build executes every chapter in its own process. It starts as soon as the tests
@@ -49,7 +55,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     BUILD.mkdir(parents=True, exist_ok=True)
     log = open(BUILD / "book-build.log", "w", encoding="utf-8")  # noqa: SIM115 (kept open)
     _BUILD["process"] = subprocess.Popen(build_command(), stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=ROOT)
+                                         cwd=ROOT, env=build_environment())
     _BUILD["log"] = log
 
 
@@ -72,7 +78,8 @@ def book_html() -> Path:
         pytest.fail("the front-end files are missing: run `make vendor` (make test does it)")
     process = _BUILD.get("process")
     if process is None:  # collected without the hook (e.g. a single test id): build now
-        result = subprocess.run(build_command(), capture_output=True, text=True, cwd=ROOT)
+        result = subprocess.run(build_command(), capture_output=True, text=True, cwd=ROOT,
+                                env=build_environment())
         code, output = result.returncode, result.stdout + result.stderr
     else:
         code = process.wait()
