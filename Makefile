@@ -1,7 +1,8 @@
 # tfbook: two commands do everything on a fresh machine.
 #   make book   set up, then build the whole book (every chapter executed) into _build/html
 #   make test   set up, then run every test (units, parity, nbval over chapters, browser)
-# Also: make lab (JupyterLab with the chapters as notebooks), make bench (benchmarks).
+# Also: make lab (JupyterLab with the chapters as notebooks), make serve (the built site on
+# http://127.0.0.1:$(PORT)/), make bench (benchmarks).
 
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -12,7 +13,7 @@ PY_STAMP := $(VENV)/.tfbook-installed
 JS_STAMP := node_modules/.tfbook-installed
 PY_REQS := requirements.txt requirements-test.txt requirements-nodeps.txt constraints.txt pyproject.toml
 
-.PHONY: setup book test lab bench clean check-tools check-chromium vendor
+.PHONY: setup book test lab bench serve clean check-tools check-chromium vendor
 
 # On a loaded machine torch's OpenMP threads spin while they wait for work and can run 15-20x
 # slower (a run here hung for 40 minutes): make them sleep instead, in the book build, the
@@ -65,12 +66,10 @@ book: setup vendor
 test: setup vendor check-chromium
 	$(BIN)/python -m pytest
 
-# The browser tests open the built pages in Debian's Chromium (Playwright drives it).
-check-chromium:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
-	  echo "error: the browser tests need Chromium, which was not found."; \
-	  echo "  Debian/Ubuntu: apt-get install chromium   (.ci/run installs it when missing)"; \
-	  exit 1; }
+# The browser tests open the built pages in Chromium or Chrome, driven by Playwright: Debian's
+# `chromium`, another one where it usually lives, or the executable named by $$CHROMIUM.
+check-chromium: $(PY_STAMP)
+	@$(BIN)/python -m tests.browser >/dev/null
 
 lab: setup
 	$(BIN)/jupyter lab --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR)/book \
@@ -78,6 +77,12 @@ lab: setup
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+PORT ?= 8000
+serve:
+	@test -f _build/html/index.html || { echo "error: the book is not built yet: run make book first"; exit 1; }
+	@echo "Serving the book on http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory _build/html $(PORT)
 
 clean:
 	rm -rf _build _vendor

@@ -11,6 +11,7 @@ import functools
 import html
 import importlib.util
 import json
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -26,16 +27,46 @@ CHROMIUM_ARGS = [
 ]
 
 
+# Where Chromium or Chrome usually lives when it is not on PATH under a Debian name.
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+BROWSER_PATHS = (
+    "/Applications/Chromium.app/Contents/MacOS/Chromium",
+    "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+    "/snap/bin/chromium",
+    "/usr/lib/chromium/chromium",
+)
+
+
 def chromium_path() -> str:
-    """The Debian Chromium executable, or a clear error saying how to install it."""
-    for name in ("chromium", "chromium-browser"):
+    """The browser the tests drive: $CHROMIUM if set, else Chromium or Chrome where they live."""
+    named = os.environ.get("CHROMIUM")
+    if named:
+        if not (os.path.isfile(named) and os.access(named, os.X_OK)):
+            raise RuntimeError(f"CHROMIUM={named!r} is not an executable file: give the path of "
+                               "a Chromium or Chrome executable")
+        return named
+    for name in BROWSER_NAMES:
         path = shutil.which(name)
         if path:
             return path
+    for path in BROWSER_PATHS:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
     raise RuntimeError(
-        "the browser tests need Debian's Chromium: run `apt-get install chromium` "
-        "(.ci/run does this when it is missing)"
+        "the browser tests need Chromium or Chrome, which was not found: on Debian/Ubuntu run "
+        "`apt-get install chromium` (.ci/run does this when it is missing); elsewhere set "
+        "CHROMIUM to the browser's executable, e.g. CHROMIUM=\"/Applications/Google "
+        "Chrome.app/Contents/MacOS/Google Chrome\""
     )
+
+
+if __name__ == "__main__":  # `python -m tests.browser`: print the browser, or why there is none
+    import sys
+
+    try:
+        print(chromium_path())
+    except RuntimeError as error:
+        sys.exit(f"error: {error}")
 
 
 class QuietHandler(SimpleHTTPRequestHandler):
