@@ -2,6 +2,7 @@
 values and tensors that went in, in PyTorch's (out, in) order; bad files are refused with
 errors that name the file."""
 
+import struct
 from pathlib import Path
 
 import gguf
@@ -155,3 +156,75 @@ def test_check_architecture(toy_path):
     with pytest.raises(ValueError, match=r"expected a GGUF of architecture 'llama', got "
                                          r"'toyarch' in .*toy\.gguf"):
         check_architecture(g, "llama")
+
+
+# --- hand-made byte strings: every count and length is checked against the bytes left ------
+
+def header(n_tensors: int, n_kv: int, version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv)
+
+
+def text(s: str | bytes) -> bytes:
+    raw = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def kv(key: str, value_type: int, payload: bytes) -> bytes:
+    return text(key) + struct.pack("<I", value_type) + payload
+
+
+def tensor_info(name: str, dims: list[int], type_id: int = 0, offset: int = 0) -> bytes:
+    return (text(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+            + struct.pack("<IQ", type_id, offset))
+
+
+ARCH = kv("general.architecture", 8, text("toyarch"))
+HOSTILE = {
+    # an array of 2**60 bytes announced in a 94-byte file (the gguf package loops on it)
+    "array count": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 0, 2**60)) + bytes(57),
+                    r"items of metadata 'a': 1,152,921,504,606,846,976 of at least 1 bytes"),
+    "string length": (header(0, 1) + struct.pack("<Q", 2**40) + b"key" + bytes(16),
+                      r"bytes of the key of metadata entry 0: 1,099,511,627,776 .* cannot fit"),
+    "key/value count": (header(0, 2**50) + ARCH, r"metadata key/values: .* cannot fit"),
+    "tensor count": (header(2**40, 1) + ARCH + bytes(64),
+                     r"1,099,511,627,776 tensor descriptions .* cannot fit"),
+    "value type": (header(0, 1) + kv("a", 13, b"\0" * 8), r"'a': unknown value type 13"),
+    "array item type": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 42, 1)),
+                        r"'a': unknown item type 42"),
+    "nested arrays": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 9, 1)
+                                        + struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 0, 0)),
+                      r"item 0 of item 0 of metadata 'a': unknown value type 9"),
+    "key not UTF-8": (header(0, 1) + text(b"\xff\xfe") + struct.pack("<I", 4) + bytes(4),
+                      r"the key of metadata entry 0 is not UTF-8 text"),
+    "no dims": (header(1, 1) + ARCH + tensor_info("w", []), r"'w': expected 1 to 4 dims, got 0"),
+    "five dims": (header(1, 1) + ARCH + tensor_info("w", [1] * 5), r"expected 1 to 4 dims, got 5"),
+    "storage type": (header(1, 1) + ARCH + tensor_info("w", [4], type_id=99),
+                     r"tensor 'w' has unknown storage type 99"),
+    "partial block": (header(1, 1) + ARCH + tensor_info("w", [33, 2], type_id=8),
+                      r"'w' \(Q8_0\): its first dim 33 is not a multiple of the block of 32"),
+    "data past the end": (header(1, 1) + ARCH + tensor_info("w", [2**20]) + bytes(64),
+                          r"tensor 'w' needs 4,194,304 bytes at offset \d+, the file has \d+"),
+    "alignment": (header(0, 2) + ARCH + kv("general.alignment", 4, struct.pack("<I", 3)),
+                  r"general.alignment must be a uint32 power of two, got 3"),
+    "cut in a value": (header(0, 1) + kv("a", 10, b"\1\2"), r"metadata 'a' needs 8 bytes"),
+    "version 1": (header(0, 0, version=1), r"expected format version 2 or 3 .*got version 1"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hand_made_hostile_files_are_refused_before_reading(tmp_path, name):
+    data, message = HOSTILE[name]
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=r"cannot read .*hostile\.gguf as GGUF: " + ".*" + message):
+        read_gguf(path)
+
+
+def test_the_smallest_valid_file_reads(tmp_path):
+    """The byte builder above is right: the same bytes without the defect read back."""
+    weights = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    body = header(1, 1) + ARCH + tensor_info("w", [4])
+    path = tmp_path / "small.gguf"
+    path.write_bytes(body + bytes(-len(body) % 32) + weights)
+    g = read_gguf(path)
+    assert g.architecture == "toyarch" and g.tensors["w"].tolist() == [1.0, 2.0, 3.0, 4.0]

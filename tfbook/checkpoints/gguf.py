@@ -21,7 +21,10 @@ the list of dims is reversed.
 
 The `gguf` package (from the llama.cpp project) parses the file; this module turns its
 numpy views into a small `GGUFFile` and names what went wrong when the file is bad.
-Nothing here knows about any particular model.
+Before the package sees a file, `check_layout` walks its header, metadata and tensor
+descriptions once and checks every count and length against the bytes left in the file: a
+damaged or hostile length field (an array of 2**64 items in a 94-byte file) is refused
+before anything is allocated for it. Nothing here knows about any particular model.
 """
 
 from __future__ import annotations
@@ -30,12 +33,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mmap
+
 import gguf
 import numpy as np
 import torch
 from torch import Tensor
 
 GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)  # what the gguf package reads (version 1 had 32-bit counts)
+MAX_DIMS = 4  # ggml tensors have at most four dims
+DEFAULT_ALIGNMENT = 32  # tensor data starts at a multiple of this, unless general.alignment
+
+# Value types of the metadata (gguf.GGUFValueType) and the bytes of one value of each.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_MIN_VALUE_BYTES = {**_SCALAR_BYTES, _STRING: 8, _ARRAY: 12}  # a length or type + count
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,126 @@ def _check_magic(path: Path) -> None:
         )
 
 
+class _Cursor:
+    """Reads little-endian fields of a mapped file, refusing any read past its end."""
+
+    def __init__(self, data: mmap.mmap, path: Path) -> None:
+        self.data, self.path, self.pos = data, path, 0
+
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def damaged(self, detail: str) -> ValueError:
+        return ValueError(f"cannot read {self.path} as GGUF: the file is truncated or damaged "
+                          f"({detail})")
+
+    def take(self, n: int, what: str) -> bytes:
+        """The next n bytes; ValueError naming `what` if fewer are left."""
+        if n > self.left():
+            raise self.damaged(f"{what} needs {n} bytes at offset {self.pos}, "
+                               f"{self.left()} left")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def uint(self, size: int, what: str) -> int:
+        return int.from_bytes(self.take(size, what), "little")
+
+    def count(self, what: str, min_item_bytes: int) -> int:
+        """A 64-bit count, checked: `count` items of at least `min_item_bytes` must fit."""
+        n = self.uint(8, f"the count of {what}")
+        if n * min_item_bytes > self.left():
+            raise self.damaged(f"{what}: {n:,} of at least {min_item_bytes} bytes each cannot "
+                               f"fit in the {self.left():,} bytes left")
+        return n
+
+    def string(self, what: str) -> str:
+        raw = self.take(self.count(f"bytes of {what}", 1), what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.damaged(f"{what} is not UTF-8 text") from None
+
+    def value(self, value_type: int, what: str, depth: int = 0) -> Any:
+        """Skip (or, for small scalars and strings, return) one metadata value."""
+        if value_type in _SCALAR_BYTES:
+            raw = self.take(_SCALAR_BYTES[value_type], what)
+            return int.from_bytes(raw, "little") if value_type == 4 else None
+        if value_type == _STRING:
+            return self.string(what)
+        if value_type == _ARRAY and depth < 2:  # an array of arrays is allowed, not deeper
+            item_type = self.uint(4, f"the item type of {what}")
+            if item_type not in _MIN_VALUE_BYTES:
+                raise self.damaged(f"{what}: unknown item type {item_type}")
+            for i in range(self.count(f"items of {what}", _MIN_VALUE_BYTES[item_type])):
+                self.value(item_type, f"item {i} of {what}", depth + 1)
+            return None
+        raise self.damaged(f"{what}: unknown value type {value_type}, expected one of "
+                           f"{sorted(_MIN_VALUE_BYTES)}")
+
+
+def _tensor_bytes(cursor: _Cursor, name: str, dims: list[int], type_id: int) -> int:
+    """Bytes of one stored tensor; ValueError for an unknown type or a partial block."""
+    try:
+        kind = gguf.GGMLQuantizationType(type_id)
+        block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+    except (ValueError, KeyError):
+        raise cursor.damaged(f"tensor {name!r} has unknown storage type {type_id}") from None
+    if dims[0] % block != 0:
+        raise cursor.damaged(f"tensor {name!r} ({kind.name}): its first dim {dims[0]} is not a "
+                             f"multiple of the block of {block}")
+    n = 1
+    for d in dims:
+        n *= d
+    return n // block * block_bytes
+
+
+def check_layout(path: Path) -> None:
+    """Walk the header, metadata and tensor descriptions, checking every length against the
+    bytes left; then check that every tensor's data lies inside the file.
+
+    Raises ValueError naming the field, the bytes it needs and the bytes left.
+    """
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cursor = _Cursor(data, path)
+        cursor.take(len(GGUF_MAGIC), "the magic bytes")
+        version = cursor.uint(4, "the version")
+        if version not in SUPPORTED_VERSIONS:
+            raise ValueError(f"cannot read {path} as GGUF: expected format version "
+                             f"{' or '.join(map(str, SUPPORTED_VERSIONS))} (little-endian), "
+                             f"got version {version}")
+        n_tensors = cursor.uint(8, "the tensor count")
+        n_kv = cursor.count("metadata key/values", _MIN_KV_BYTES)
+        alignment = DEFAULT_ALIGNMENT
+        for i in range(n_kv):
+            key = cursor.string(f"the key of metadata entry {i}")
+            value = cursor.value(cursor.uint(4, f"the type of {key!r}"), f"metadata {key!r}")
+            if key == "general.alignment":
+                if not isinstance(value, int) or value < 1 or value & (value - 1):
+                    raise cursor.damaged(f"general.alignment must be a uint32 power of two, "
+                                         f"got {value!r}")
+                alignment = value
+        if n_tensors * _MIN_TENSOR_INFO_BYTES > cursor.left():
+            raise cursor.damaged(f"{n_tensors:,} tensor descriptions of at least "
+                                 f"{_MIN_TENSOR_INFO_BYTES} bytes cannot fit in the "
+                                 f"{cursor.left():,} bytes left")
+        spans = []
+        for i in range(n_tensors):
+            name = cursor.string(f"the name of tensor {i}")
+            n_dims = cursor.uint(4, f"the number of dims of {name!r}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise cursor.damaged(f"tensor {name!r}: expected 1 to {MAX_DIMS} dims, got "
+                                     f"{n_dims}")
+            dims = [cursor.uint(8, f"dim {d} of {name!r}") for d in range(n_dims)]
+            size = _tensor_bytes(cursor, name, dims, cursor.uint(4, f"the type of {name!r}"))
+            spans.append((name, cursor.uint(8, f"the offset of {name!r}"), size))
+        start = -(-cursor.pos // alignment) * alignment  # the data section, aligned
+        for name, offset, size in spans:
+            if start + offset + size > len(data):
+                raise cursor.damaged(f"tensor {name!r} needs {size:,} bytes at offset "
+                                     f"{start + offset:,}, the file has {len(data):,}")
+
+
 def read_gguf(path: str | Path, metadata_only: bool = False) -> GGUFFile:
     """Read a GGUF file: its metadata and its tensors dequantised to float32.
 
@@ -107,6 +242,7 @@ def read_gguf(path: str | Path, metadata_only: bool = False) -> GGUFFile:
         raise TypeError(f"path must be a str or a Path, got {type(path).__name__}")
     path = Path(path)
     _check_magic(path)
+    check_layout(path)  # every length checked before the gguf package allocates for it
     try:
         reader = gguf.GGUFReader(path)
         metadata = {
