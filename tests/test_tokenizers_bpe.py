@@ -231,3 +231,92 @@ def test_encode_chunk_takes_bytes(tok):
     with pytest.raises(TypeError, match=r"a chunk must be bytes \(text.encode\('utf-8'\)\), "
                                         "got str: 'abc'"):
         tok.encode_chunk("abc")
+
+
+# --- the tie-break of Stanford CS336's reference trainer --------------------------------------
+
+def greatest_bytes_reference(text: str, vocab_size: int, pattern: str | None,
+                             specials: tuple[str, ...] = ()) -> list[tuple[bytes, bytes]]:
+    """Brute force on words as tuples of bytes: re-count every pair, merge the one with the
+    largest (count, (left bytes, right bytes)), as CS336's reference trainer does."""
+    pieces = [text]
+    for special in specials:
+        pieces = [part for piece in pieces for part in piece.split(special)]
+    words: dict[tuple[bytes, ...], int] = {}
+    for piece in pieces:
+        for chunk in (regex_split(piece, pattern) if pattern else [piece]):
+            word = tuple(bytes([b]) for b in chunk.encode("utf-8"))
+            words[word] = words.get(word, 0) + 1
+    merges = []
+    for _ in range(vocab_size - 256 - len(specials)):
+        counts: dict[tuple[bytes, bytes], int] = {}
+        for word, n in words.items():
+            for pair in zip(word, word[1:], strict=False):
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = max(counts, key=lambda pair: (counts[pair], pair))
+        merges.append(best)
+        merged: dict[tuple[bytes, ...], int] = {}
+        for word, n in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if word[i:i + 2] == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] = merged.get(tuple(out), 0) + n
+        words = merged
+    return merges
+
+
+def merges_as_bytes(tok: BPETokenizer) -> list[tuple[bytes, bytes]]:
+    ordered = sorted(tok.merges.items(), key=lambda kv: kv[1])
+    return [(tok.vocab[left], tok.vocab[right]) for (left, right), _ in ordered]
+
+
+def test_the_two_tie_breaks_differ_on_a_hand_checked_corpus():
+    # "es" and "st" both occur 9 times (3 widest + 6 newest), more than any other pair:
+    # the smallest ids pick (e, s) since e < s; the greatest bytes pick (s, t)
+    text = ("low low low low low lower lower widest widest widest "
+            "newest newest newest newest newest newest")
+    words = r"\S+"  # split on whitespace, as the worked example of the CS336 handout does
+    by_bytes = BPETokenizer.train(text, 256 + 12, pattern=words, tie_break="greatest_bytes")
+    by_ids = BPETokenizer.train(text, 256 + 12, pattern=words)
+    spelled = [b" ".join(pair).decode() for pair in merges_as_bytes(by_bytes)]
+    assert spelled == ["s t", "e st", "o w", "l ow", "w est", "n e", "ne west", "w i",
+                       "wi d", "wid est", "low e", "lowe r"]
+    assert [b" ".join(pair).decode() for pair in merges_as_bytes(by_ids)][:2] == ["e s", "es t"]
+    assert by_bytes.trace[0].count == by_ids.trace[0].count == 9
+    assert merges_as_bytes(by_bytes) == greatest_bytes_reference(text, 256 + 12, words)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet="aab c\u00e9\n", min_size=1, max_size=80),
+       n_merges=st.integers(1, 30), split=st.booleans())
+def test_greatest_bytes_equals_brute_force_reference(text, n_merges, split):
+    pattern = GPT4_SPLIT_PATTERN if split else None
+    tok = BPETokenizer.train(text, 256 + n_merges, pattern=pattern,
+                             tie_break="greatest_bytes")
+    assert merges_as_bytes(tok) == greatest_bytes_reference(text, 256 + n_merges, pattern)
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_greatest_bytes_on_real_text_and_with_special_tokens():
+    text = stdlib_corpus(4_000).replace("\n\n", f"\n{EOT}\n")
+    assert EOT in text
+    tok = BPETokenizer.train(text, 320, special_tokens=[EOT], tie_break="greatest_bytes")
+    reference = greatest_bytes_reference(text, 320, GPT4_SPLIT_PATTERN, (EOT,))
+    assert merges_as_bytes(tok) == reference
+    assert not any(b"<|" in token for token in tok.vocab[256:])  # no merge spans a special
+    assert tok.special_tokens == {EOT: 319}
+
+
+def test_tie_break_is_checked():
+    with pytest.raises(ValueError, match="tie_break must be one of 'smallest_ids', "
+                                         "'greatest_bytes', got 'largest'"):
+        BPETokenizer.train("some text", 300, tie_break="largest")
+    with pytest.raises(ValueError, match="a special token must not be empty"):
+        BPETokenizer.train("some text", 300, special_tokens=[""])

@@ -11,9 +11,11 @@ Three ideas make it fast enough for a megabyte of text in pure Python:
 3. Encode a chunk with a heap of merge candidates over a linked list of tokens, so a
    20,000-byte chunk costs O(n log n) rather than O(n^2), and cache chunk encodings.
 
-Tie-breaking: among pairs with the same count, training merges the smallest
-(left id, right id); during encoding, among equal ranks the leftmost pair merges first
-(as tiktoken does).
+Tie-breaking: among pairs with the same count, training merges by default the smallest
+(left id, right id); with `tie_break="greatest_bytes"` it merges the pair whose
+(left bytes, right bytes) is greatest, the rule of the reference trainer of Stanford's CS336
+assignment 1. During encoding, among equal ranks the leftmost pair merges first (as tiktoken
+does).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tfbook.tokenizers.base import Fields, Tokenizer, check_text, check_vocab_si
 from tfbook.tokenizers.pretokenize import GPT4_SPLIT_PATTERN, compile_pattern
 
 Pair = tuple[int, int]
+TIE_BREAKS = ("smallest_ids", "greatest_bytes")  # the orders `BPETokenizer.train` accepts
 _MERGE_LINE = regex.compile(r"([0-9]+) ([0-9]+) -> ([0-9]+)")  # "left right -> new"
 
 
@@ -105,6 +108,30 @@ class PairIndex:
         self.pair_counts.pop(pair, None)
         changed_pairs.discard(pair)
         return changed_words, changed_pairs
+
+
+class _Descending:
+    """A key that sorts in reverse, so a min-heap pops the greatest key first."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Descending) -> bool:
+        return self.key > other.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.key == other.key
+
+
+def split_at_specials(text: str, specials: Sequence[str]) -> list[str]:
+    """The pieces of `text` between occurrences of the special tokens, which training skips:
+    "a<|eot|>b", ["<|eot|>"] -> ["a", "b"]."""
+    if not specials:
+        return [text]
+    longest_first = sorted(specials, key=len, reverse=True)  # "<|a|>x" before "<|a|>"
+    return regex.split("|".join(map(regex.escape, longest_first)), text)
 
 
 @dataclass(frozen=True)
@@ -239,13 +266,18 @@ class BPETokenizer(Tokenizer):
         special_tokens: Iterable[str] = (),
         keep_trace: bool = True,
         top_pairs: int = 0,
+        tie_break: str = "smallest_ids",
     ) -> BPETokenizer:
         """Learn `vocab_size - 256 - len(special_tokens)` merges from `text`.
 
-        Each step merges the most frequent adjacent pair; ties go to the smallest pair
-        `(left id, right id)`. Stops early if no pair is left to merge. `pattern=None`
-        trains on the text as one chunk (no pre-split; for small texts, since every merge
-        then rescans the whole text). With `keep_trace`, `tokenizer.trace`
+        Each step merges the most frequent adjacent pair. Among pairs with the same count,
+        `tie_break="smallest_ids"` (the default) merges the smallest `(left id, right id)`;
+        `tie_break="greatest_bytes"` merges the greatest `(left bytes, right bytes)`, as the
+        reference trainer of Stanford CS336's assignment 1 does (`max` over
+        `(count, pair of bytes)`). Occurrences of the special tokens in `text` are cut out
+        before the pre-split, so no chunk spans one. Stops early if no pair is left to merge.
+        `pattern=None` trains on the text as one chunk (no pre-split; for small texts, since
+        every merge then rescans the whole text). With `keep_trace`, `tokenizer.trace`
         lists every merge; `top_pairs=k` also records the k most frequent pairs before each
         merge (a scan of all pairs per step: meant for small, illustrative texts).
 
@@ -258,30 +290,46 @@ class BPETokenizer(Tokenizer):
         for s in specials:
             check_text(s, "special token")
         check_vocab_size(vocab_size, 256 + len(specials), f"256 bytes + {len(specials)} specials")
+        if "" in specials:
+            raise ValueError("a special token must not be empty: the empty string would match "
+                             "between every two characters")
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"tie_break must be one of {', '.join(map(repr, TIE_BREAKS))}, "
+                             f"got {tie_break!r:.60}")
         if not text:
             raise ValueError("cannot train on an empty text: expected at least one character")
-        chunk_counts = Counter(splitter(pattern)(text))
+        split = splitter(pattern)
+        chunk_counts = Counter(chain.from_iterable(
+            split(piece) for piece in split_at_specials(text, specials)))
         chunks = sorted(chunk_counts)  # a fixed order makes the trace reproducible
         index = PairIndex([list(c.encode("utf-8")) for c in chunks],
                           [chunk_counts[c] for c in chunks])
-        heap = [(-count, pair) for pair, count in index.pair_counts.items()]
+        spelled = [bytes([b]) for b in range(256)]  # id -> its bytes, grown with each merge
+
+        def order(pair: Pair) -> Any:  # the smallest order wins a tie of counts
+            if tie_break == "smallest_ids":
+                return pair
+            return _Descending((spelled[pair[0]], spelled[pair[1]]))
+
+        heap = [(-count, order(pair), pair) for pair, count in index.pair_counts.items()]
         heapq.heapify(heap)
         merges: dict[Pair, int] = {}
         trace: list[MergeStep] = []
         next_id = 256
         while next_id < vocab_size - len(specials) and heap:
-            negative_count, pair = heapq.heappop(heap)
+            negative_count, _, pair = heapq.heappop(heap)
             if index.pair_counts.get(pair) != -negative_count:
                 continue  # stale heap entry: the count changed since it was pushed
             top: tuple[tuple[Pair, int], ...] = ()
             if top_pairs:
                 counts = index.pair_counts
                 top = tuple((p, counts[p]) for p in heapq.nsmallest(
-                    top_pairs, counts, key=lambda p: (-counts[p], p)))
+                    top_pairs, counts, key=lambda p: (-counts[p], order(p))))
+            spelled.append(spelled[pair[0]] + spelled[pair[1]])
             words, changed = index.merge(pair, next_id)
             for p in changed:
                 if p in index.pair_counts:
-                    heapq.heappush(heap, (-index.pair_counts[p], p))
+                    heapq.heappush(heap, (-index.pair_counts[p], order(p), p))
             merges[pair] = next_id
             if keep_trace:
                 trace.append(MergeStep(pair, -negative_count, next_id,
