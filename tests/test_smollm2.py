@@ -149,6 +149,35 @@ def test_refuses_bad_or_missing_metadata(gguf_file):
         smollm2_hparams(tampered(gguf_file, metadata={"llama.rope.dimension_count": 32}))
 
 
+@pytest.mark.parametrize("key, value, error, message", [
+    ("llama.block_count", "30", TypeError, r"'llama.block_count' .*expected an integer, got str"),
+    ("llama.block_count", True, TypeError, r"expected an integer, got bool"),
+    ("llama.block_count", 10**12, ValueError, r"expected an integer in 1 .. 4,096, got 1,000,"),
+    ("llama.block_count", 29, ValueError, r"says 29 layers, the file stores tensors of 30"),
+    ("llama.attention.head_count", 0, ValueError, r"head_count' .*in 1 .. 1,024, got 0"),
+    ("llama.attention.head_count_kv", 2.0, TypeError, r"expected an integer, got float"),
+    ("llama.embedding_length", -576, ValueError, r"embedding_length' .*got -576"),
+    ("llama.vocab_size", 50000, ValueError, r"vocab_size 50000 and d_model 576, the stored "
+                                             r"token_embd.weight has shape \(49152, 576\)"),
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), ValueError,
+     r"epsilon' .*expected a finite number between 0 and 1 \(exclusive\), got nan"),
+    ("llama.attention.layer_norm_rms_epsilon", 0.0, ValueError, r"between 0 and 1.*got 0.0"),
+    ("llama.attention.layer_norm_rms_epsilon", "1e-5", TypeError, r"expected a number, got str"),
+    ("llama.rope.freq_base", float("inf"), ValueError, r"freq_base' .*got inf"),
+    ("llama.rope.freq_base", 0.5, ValueError, r"between 1 and 1e\+12 \(exclusive\), got 0.5"),
+], ids=lambda v: repr(v)[:20])
+def test_refuses_metadata_of_the_wrong_type_range_or_against_the_tensors(
+        gguf_file, key, value, error, message):
+    with pytest.raises(error, match=message):
+        smollm2_hparams(tampered(gguf_file, metadata={key: value}))
+
+
+def test_refuses_a_file_read_without_its_tensors(gguf_file):
+    metadata_only = dataclasses.replace(gguf_file, tensors={}, tensor_types={})
+    with pytest.raises(ValueError, match=r"read without its tensors \(metadata_only=True\)"):
+        tfbook_state_dict(metadata_only)
+
+
 def llama_cpp_layout(hf_weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """What llama.cpp's converter writes, built row by row: per head, HF rows j and j + D/2
     become the adjacent rows 2j and 2j + 1."""

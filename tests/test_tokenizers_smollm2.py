@@ -242,6 +242,54 @@ def test_refuses_another_pre_tokenizer(tmp_path):
         load_smollm2_tokenizer(path)
 
 
+def tokenizer_gguf(path, **fields):
+    """A GGUF holding only tokenizer metadata: a 3-token vocabulary unless `fields` say else."""
+    values = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
+              "tokenizer.ggml.tokens": ["a", "b", "ab"], "tokenizer.ggml.token_type": [1, 1, 1],
+              "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.bos_token_id": 0,
+              "tokenizer.ggml.eos_token_id": 1, **fields}
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, value in values.items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_tokenizer_metadata_of_the_right_types_loads(tmp_path):
+    tok = load_smollm2_tokenizer(tokenizer_gguf(tmp_path / "ok.gguf"))
+    assert tok.encode_ordinary("ab") == [2] and (tok.bos_id, tok.eos_id) == (0, 1)
+
+
+@pytest.mark.parametrize("fields, error, message", [
+    ({"tokenizer.ggml.tokens": "abc"}, TypeError,
+     r"'tokenizer.ggml.tokens' .*expected a non-empty list of str, got str"),
+    ({"tokenizer.ggml.tokens": [1, 2, 3]}, TypeError,
+     r"'tokenizer.ggml.tokens' .*expected a list of str, item 0 is int"),
+    ({"tokenizer.ggml.token_type": ["1", "1", "1"]}, TypeError,
+     r"'tokenizer.ggml.token_type' .*expected a list of int, item 0 is str"),
+    ({"tokenizer.ggml.token_type": [1, 1]}, ValueError,
+     r"expected one token type per token \(3\), got 2"),
+    ({"tokenizer.ggml.merges": [7]}, TypeError, r"'tokenizer.ggml.merges' .*item 0 is int"),
+    ({"tokenizer.ggml.merges": ["a b c"]}, ValueError, r"merge 0 .*'a b c': expected 'left right'"),
+    ({"tokenizer.ggml.bos_token_id": 3}, ValueError,
+     r"'tokenizer.ggml.bos_token_id' .*expected an integer in 0 .. 2, got 3"),
+    ({"tokenizer.ggml.eos_token_id": "1"}, TypeError,
+     r"'tokenizer.ggml.eos_token_id' .*expected an integer, got str"),
+], ids=["tokens-str", "tokens-int", "types-str", "types-short", "merges-int",
+        "merges-three", "bos-range", "eos-str"])
+def test_bad_tokenizer_metadata_is_refused(tmp_path, fields, error, message):
+    with pytest.raises(error, match=message):
+        load_smollm2_tokenizer(tokenizer_gguf(tmp_path / "bad.gguf", **fields))
+
+
 # --- the chat template ----------------------------------------------------------------------
 
 CONVERSATIONS = [

@@ -20,6 +20,8 @@ Hugging Face reference gets the rows put back with `gguf_to_hf_qk`.
 from __future__ import annotations
 
 import importlib.util
+import math
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,23 +136,91 @@ def _metadata(gguf_file: GGUFFile, key: str) -> Any:
     return gguf_file.metadata[key]
 
 
+# The integer hyper-parameters and their largest sensible value (a bound, not a model size:
+# it keeps a damaged field from asking for terabytes or looping over 2**64 layers).
+INT_LIMITS = {"vocab_size": 2**24, "max_len": 2**24, "n_layers": 4096, "d_model": 2**16,
+              "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 2**18}
+
+
+def _metadata_int(gguf_file: GGUFFile, key: str, limit: int, low: int = 1) -> int:
+    """An integer metadata value in low .. limit; ValueError/TypeError naming key and value."""
+    value = _metadata(gguf_file, key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"metadata {key!r} of {gguf_file.path}: expected an integer, got "
+                        f"{type(value).__name__} {value!r:.60}")
+    if not low <= value <= limit:
+        raise ValueError(f"metadata {key!r} of {gguf_file.path}: expected an integer in "
+                         f"{low} .. {limit:,}, got {value:,}")
+    return value
+
+
+def _metadata_float(gguf_file: GGUFFile, key: str, low: float, high: float) -> float:
+    """A finite number with low < value < high; ValueError/TypeError naming key and value."""
+    value = _metadata(gguf_file, key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"metadata {key!r} of {gguf_file.path}: expected a number, got "
+                        f"{type(value).__name__} {value!r:.60}")
+    if not (math.isfinite(value) and low < value < high):
+        raise ValueError(f"metadata {key!r} of {gguf_file.path}: expected a finite number "
+                         f"between {low:g} and {high:g} (exclusive), got {value!r}")
+    return float(value)
+
+
+def _metadata_list(gguf_file: GGUFFile, key: str, item_type: type) -> list[Any]:
+    """A non-empty list metadata value whose items are all `item_type` (bool is no int)."""
+    value = _metadata(gguf_file, key)
+    if not isinstance(value, list) or not value:
+        raise TypeError(f"metadata {key!r} of {gguf_file.path}: expected a non-empty list of "
+                        f"{item_type.__name__}, got {type(value).__name__} {value!r:.60}")
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, item_type):
+            raise TypeError(f"metadata {key!r} of {gguf_file.path}: expected a list of "
+                            f"{item_type.__name__}, item {i} is {type(item).__name__} "
+                            f"{item!r:.60}")
+    return value
+
+
+def _stored_layers(gguf_file: GGUFFile) -> set[int]:
+    """The layer numbers N of the stored tensors named blk.N.*."""
+    return {int(m.group(1)) for name in gguf_file.tensors
+            if (m := re.match(r"blk\.(\d+)\.", name))}
+
+
 def smollm2_hparams(gguf_file: GGUFFile) -> dict[str, Any]:
     """The model's hyper-parameters, read from the metadata, in tfbook's naming scheme.
 
     For SmolLM2-135M: vocab_size 49152, max_len 8192, n_layers 30, d_model 576, n_heads 9,
-    n_kv_heads 3, d_ff 1536, rope_base 100000.0, norm_eps 1e-05.
+    n_kv_heads 3, d_ff 1536, rope_base 100000.0, norm_eps 1e-05. Each value is checked for
+    its type and range, and, when the file was read with its tensors, against them: the
+    layers stored and the embedding's shape.
     """
     check_architecture(gguf_file, ARCHITECTURE)
     arch = gguf_file.architecture
-    hp = {name: _metadata(gguf_file, key.format(arch=arch)) for name, key in HPARAM_KEYS.items()}
+    key = {name: k.format(arch=arch) for name, k in HPARAM_KEYS.items()}
+    hp: dict[str, Any] = {name: _metadata_int(gguf_file, key[name], limit)
+                          for name, limit in INT_LIMITS.items()}
+    hp["rope_base"] = _metadata_float(gguf_file, key["rope_base"], 1.0, 1e12)
+    hp["norm_eps"] = _metadata_float(gguf_file, key["norm_eps"], 0.0, 1.0)
     C, H, H_kv = hp["d_model"], hp["n_heads"], hp["n_kv_heads"]
-    if C % H != 0 or H % H_kv != 0:
-        raise ValueError(f"expected n_heads to divide d_model and n_kv_heads to divide n_heads, "
-                         f"got d_model={C}, n_heads={H}, n_kv_heads={H_kv} in {gguf_file.path}")
+    if C % H != 0 or H % H_kv != 0 or (C // H) % 2 != 0:
+        raise ValueError(f"expected n_heads to divide d_model into heads of even size D and "
+                         f"n_kv_heads to divide n_heads, got d_model={C}, n_heads={H}, "
+                         f"n_kv_heads={H_kv} in {gguf_file.path}")
     rotary = gguf_file.metadata.get(f"{arch}.rope.dimension_count", C // H)
     if rotary != C // H:
         raise ValueError(f"expected RoPE on the whole head (D = {C // H} features), got "
                          f"{arch}.rope.dimension_count = {rotary} in {gguf_file.path}")
+    if gguf_file.tensors:  # read with its tensors: the metadata must describe them
+        layers = _stored_layers(gguf_file)
+        if layers != set(range(hp["n_layers"])):
+            raise ValueError(f"metadata {key['n_layers']!r} of {gguf_file.path} says "
+                             f"{hp['n_layers']} layers, the file stores tensors of "
+                             f"{len(layers)} (blk.0 .. blk.{max(layers, default=-1)})")
+        embedding = gguf_file.tensors.get("token_embd.weight")
+        if embedding is not None and tuple(embedding.shape) != (hp["vocab_size"], C):
+            raise ValueError(f"metadata of {gguf_file.path} says vocab_size {hp['vocab_size']} "
+                             f"and d_model {C}, the stored token_embd.weight has shape "
+                             f"{tuple(embedding.shape)}")
     return hp
 
 
@@ -177,7 +247,10 @@ def expected_shapes(hp: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _renamed(gguf_file: GGUFFile, table: dict[str, str]) -> dict[str, Tensor]:
     """Apply a GGUF name table to every tensor: refuse missing, extra or misshapen ones."""
-    hp = smollm2_hparams(gguf_file)  # also checks the architecture
+    if not gguf_file.tensors:
+        raise ValueError(f"{gguf_file.path} was read without its tensors (metadata_only=True): "
+                         "expected a file read with read_gguf(path)")
+    hp = smollm2_hparams(gguf_file)  # also checks the architecture and the layers stored
     shapes = expected_shapes(hp)
     names = expand_names(table, hp["n_layers"])
     stored = gguf_file.tensors
@@ -284,22 +357,24 @@ def load_smollm2_tokenizer(path: str | Path | None = None) -> VocabBPETokenizer:
     if (model, pre) != ("gpt2", "smollm"):
         raise ValueError(f"expected a byte-level BPE vocabulary ('gpt2') with the 'smollm' "
                          f"pre-tokenizer, got {model!r} with {pre!r} in {gguf_file.path}")
-    tokens = _metadata(gguf_file, "tokenizer.ggml.tokens")
-    types = _metadata(gguf_file, "tokenizer.ggml.token_type")
+    tokens = _metadata_list(gguf_file, "tokenizer.ggml.tokens", str)
+    types = _metadata_list(gguf_file, "tokenizer.ggml.token_type", int)
+    if len(types) != len(tokens):
+        raise ValueError(f"{gguf_file.path}: expected one token type per token "
+                         f"({len(tokens):,}), got {len(types):,}")
     merges = []
-    for rank, line in enumerate(_metadata(gguf_file, "tokenizer.ggml.merges")):
+    for rank, line in enumerate(_metadata_list(gguf_file, "tokenizer.ggml.merges", str)):
         pair = tuple(line.split(" "))
         if len(pair) != 2:
             raise ValueError(f"merge {rank} of {gguf_file.path} is {line!r}: expected "
                              "'left right'")
         merges.append(pair)
+    bos, eos = (_metadata_int(gguf_file, f"tokenizer.ggml.{k}_token_id", len(tokens) - 1, 0)
+                for k in ("bos", "eos"))  # ids of the vocabulary
     special = (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
     specials = [t for t, kind in zip(tokens, types, strict=True) if kind in special]
-    return VocabBPETokenizer(
-        tokens, merges, SMOLLM_SPLIT_PATTERNS, specials,
-        bos_id=_metadata(gguf_file, "tokenizer.ggml.bos_token_id"),
-        eos_id=_metadata(gguf_file, "tokenizer.ggml.eos_token_id"),
-    )
+    return VocabBPETokenizer(tokens, merges, SMOLLM_SPLIT_PATTERNS, specials, bos_id=bos,
+                             eos_id=eos)
 
 
 def _chat_turns(messages: list[dict[str, str]]) -> list[tuple[str, str]]:
