@@ -178,3 +178,16 @@ def test_a_two_dimensional_mask_is_refused_as_ambiguous():
     as_padding, _ = mha(x, mask=padding_mask(lengths, 4))  # (B, 1, 1, S): explicit
     as_rows, _ = mha(x, mask=causal_mask(4)[None, None])  # (1, 1, T, S): explicit
     assert not torch.allclose(as_padding, as_rows)
+
+
+def test_an_input_of_another_dtype_is_refused_by_name():
+    attn = MultiHeadAttention(32, 4)  # float32 weights
+    with pytest.raises(TypeError, match=r"expected x of this module's dtype torch.float32 .*"
+                                        r"got torch.float64"):
+        attn(torch.randn(2, 5, 32, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"expected source of .*torch.float32.*got torch.float16"):
+        attn(torch.randn(2, 5, 32), torch.randn(2, 3, 32, dtype=torch.float16))
+    out, _ = attn.double()(torch.randn(2, 5, 32, dtype=torch.float64))  # matching: it runs
+    assert out.dtype == torch.float64
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts for the module
+        assert attn.float()(torch.randn(2, 5, 32, dtype=torch.bfloat16))[0].shape == (2, 5, 32)

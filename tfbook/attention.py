@@ -193,6 +193,12 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         B, T, C = x.size()
+        dtype = self.q_proj.weight.dtype  # under autocast torch casts inputs itself
+        for name, t in (("x", x), ("source", source)):
+            if t is not None and t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
+                raise TypeError(f"expected {name} of this module's dtype {dtype} (its weights), "
+                                f"got {t.dtype}: convert the input with .to({dtype}) or the "
+                                f"module with .to({t.dtype})")
         if mask is not None and (not isinstance(mask, Tensor) or mask.dim() != 4):
             # a 2-D mask could be (T, S) or a (B, S) key-padding mask: when B == T the two
             # read alike, so the module takes only the explicit 4-D form

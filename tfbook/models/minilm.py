@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
@@ -68,6 +69,15 @@ def minilm_dir() -> Path:
 
 def bert_config_from_hf(hf: dict) -> BertConfig:
     """Translate a Hugging Face BERT config.json (as a dict) into a BertConfig."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"expected config.json to hold a JSON object, got {type(hf).__name__}")
+    keys = ("vocab_size", "max_position_embeddings", "type_vocab_size", "num_hidden_layers",
+            "num_attention_heads", "hidden_size", "intermediate_size", "hidden_dropout_prob",
+            "layer_norm_eps")
+    missing = [key for key in keys if key not in hf]
+    if missing:
+        raise ValueError(f"expected a BERT config.json with {', '.join(keys)}; missing "
+                         f"{', '.join(missing)}")
     if hf.get("hidden_act", "gelu") != "gelu" or hf.get("position_embedding_type",
                                                          "absolute") != "absolute":
         raise ValueError(
@@ -122,10 +132,25 @@ def load_minilm(model_dir: Path | str | None = None, fused: bool = True) -> Bert
 
     fused=False runs every LayerNorm, GELU and attention through tfbook's own code.
     """
+    if model_dir is not None and not isinstance(model_dir, str | Path):
+        raise TypeError(f"model_dir must be a str, a Path or None, got {type(model_dir).__name__}")
     model_dir = minilm_dir() if model_dir is None else Path(model_dir)
-    config = bert_config_from_hf(json.loads((model_dir / "config.json").read_text()))
+    for name in ("config.json", "model.safetensors"):
+        if not (model_dir / name).is_file():
+            raise FileNotFoundError(
+                f"expected a folder holding config.json and model.safetensors (Hugging Face's "
+                f"layout), got {model_dir}, which has no {name}")
+    try:
+        hf_config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{model_dir / 'config.json'} is not a JSON file: {error}") from None
+    config = bert_config_from_hf(hf_config)
     config = replace(config, fused=fused)
-    hf_tensors = load_file(model_dir / "model.safetensors")  # plain tensors, no pickle
+    try:
+        hf_tensors = load_file(model_dir / "model.safetensors")  # plain tensors, no pickle
+    except SafetensorError as error:
+        raise ValueError(f"{model_dir / 'model.safetensors'} is not a safetensors file: "
+                         f"{error}") from None
     return load_hf_bert(hf_tensors, config)
 
 
