@@ -1,14 +1,23 @@
 """A learner's path: JupyterLab opens a .md chapter as a notebook, and its widget is live.
 
-Starts JupyterLab as `make lab` does (with the settings the set-up installs), opens
-book/intro.md, waits for its kernel to be idle, runs every cell, and checks that the
-positional-encoding explorer found its kernel (the live controls are enabled) and that asking
-Python for a new width redraws it. Every step waits for a condition, with time limits meant
-for a loaded 2-core machine (the kernel imports torch there in tens of seconds).
+Starts JupyterLab as `make lab` does (with scripts/jupyterlab-overrides.json, the settings
+the set-up installs), opens book/intro.md, waits for its kernel to be idle, runs every cell,
+and checks that the positional-encoding explorer found its kernel (the live controls are
+enabled) and that asking Python for a new width redraws it. Every step waits for a
+condition, with time limits meant for a loaded 2-core machine (the kernel imports torch
+there in tens of seconds).
+
+Reading a chapter must not change it: JupyterLab saves an opened notebook (autosave) with
+its kernel's name and through jupytext's writer. Every chapter goes through that writer as
+JupyterLab's contents manager runs it (book/jupytext.toml read, the kernelspec JupyterLab
+writes) and comes back byte for byte; and one chapter opened in the browser, its kernel
+started, then saved, keeps its bytes. No "Jupyter news" prompt covers the first page.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import socket
 import subprocess
@@ -20,6 +29,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+
+OVERRIDES = ROOT / "scripts" / "jupyterlab-overrides.json"
+CHAPTERS = sorted((ROOT / "book").rglob("*.md"))
 
 # Time limits (conditions are polled until then): generous, so that a loaded machine passes.
 START_SECONDS = 180  # JupyterLab answers its API
@@ -52,16 +64,65 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def lab_kernelspec() -> dict[str, str]:
+    """The kernelspec JupyterLab writes into a notebook when its python3 kernel starts:
+    name, display name and language of the installed kernel, in that order."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    return {"name": "python3", "display_name": spec.display_name, "language": spec.language}
+
+
+def lab_contents_manager(root: Path):
+    """JupyterLab's contents manager with jupytext, as `jupyter lab` builds it."""
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+    from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
+
+    return build_async_jupytext_contents_manager_class(AsyncLargeFileManager)(root_dir=str(root))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: str(p.relative_to(ROOT / "book")))
+def test_saving_an_opened_chapter_keeps_its_bytes(tmp_path: Path, chapter: Path) -> None:
+    """A chapter read and saved by JupyterLab's contents manager, after JupyterLab set the
+    kernelspec of the kernel it started, is the same file byte for byte."""
+    shutil.copy(ROOT / "book" / "jupytext.toml", tmp_path / "jupytext.toml")
+    shutil.copy(chapter, tmp_path / chapter.name)
+    manager = lab_contents_manager(tmp_path)
+
+    async def open_and_save() -> None:
+        model = await manager.get(chapter.name, content=True, type="notebook")
+        notebook = json.loads(json.dumps(model["content"], default=str))  # as sent to the page
+        notebook["metadata"]["kernelspec"] = lab_kernelspec()
+        notebook["metadata"]["language_info"] = {"name": "python", "version": sys.version}
+        await manager.save({"type": "notebook", "content": notebook}, chapter.name)
+
+    asyncio.run(open_and_save())
+    saved = (tmp_path / chapter.name).read_text(encoding="utf-8")
+    original = chapter.read_text(encoding="utf-8")
+    if saved != original:
+        import difflib
+
+        diff = "".join(list(difflib.unified_diff(original.splitlines(True),
+                                                 saved.splitlines(True), "chapter", "saved"))[:40])
+        pytest.fail(f"JupyterLab would rewrite {chapter.name} on save:\n{diff}")
+
+
 @pytest.fixture(scope="module")
-def lab_url(tmp_path_factory):
+def lab(tmp_path_factory):
+    """JupyterLab on a copy of the book, with the overrides of the set-up; yields (url, book)."""
     port = free_port()
     folder = tmp_path_factory.mktemp("lab")
     log = folder / "lab.log"
     # a copy of the book: nothing the session saves (autosave) can touch the sources
     shutil.copytree(ROOT / "book", folder / "book")
+    settings = folder / "settings"  # what `make setup` installs beside JupyterLab
+    shutil.copytree(Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings", settings,
+                    dirs_exist_ok=True)
+    shutil.copy(OVERRIDES, settings / "overrides.json")
     command = [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
                f"--port={port}", "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=",
                "--ServerApp.password=", f"--ServerApp.root_dir={folder / 'book'}",
+               f"--LabApp.app_settings_dir={settings}",
                "--LabApp.expose_app_in_browser=True", "--allow-root"]
     with open(log, "w") as out:
         lab = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -72,13 +133,14 @@ def lab_url(tmp_path_factory):
             if lab.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)  # poll again: the server answers once it is up
-        yield url
+        yield url, folder / "book"
     finally:
         lab.terminate()
         lab.wait(timeout=30)
 
 
-def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab_url: str) -> None:
+def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab) -> None:
+    lab_url, _ = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(lab_url + "lab/tree/intro.md")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=KERNEL_MS)  # a notebook, not text
@@ -99,5 +161,32 @@ def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab_url: str) -> 
     recompute.click()
     page.wait_for_function("(t) => t.textContent.includes('x 16 dimensions')",
                            arg=title.element_handle(), timeout=LIVE_MS)
+    page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
+    page.close()
+
+
+def test_an_opened_chapter_saves_unchanged_and_no_news_prompt(browser, lab) -> None:
+    """Open a chapter, let its kernel start (JupyterLab writes the kernelspec into the
+    notebook), save it: the file keeps its bytes. No "Jupyter news" prompt was shown."""
+    lab_url, book = lab
+    chapter = "learning/in_your_browser.md"
+    before = (book / chapter).read_bytes()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(lab_url + "lab/tree/" + chapter)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=KERNEL_MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=KERNEL_MS)
+    page.wait_for_function("""() => {
+      const panel = window.jupyterapp.shell.currentWidget;
+      const spec = panel.model.getMetadata("kernelspec");
+      return Boolean(spec && spec.display_name);
+    }""", timeout=KERNEL_MS)  # JupyterLab has written its kernel into the notebook
+    saved_at = (book / chapter).stat().st_mtime_ns
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    deadline = time.monotonic() + 60
+    while (book / chapter).stat().st_mtime_ns == saved_at and time.monotonic() < deadline:
+        time.sleep(0.2)  # the save is asynchronous: wait for the file to be written
+    assert (book / chapter).stat().st_mtime_ns != saved_at, "JupyterLab did not save"
+    assert (book / chapter).read_bytes() == before
+    assert "Jupyter news" not in page.locator("body").inner_text()
     page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
     page.close()

@@ -349,3 +349,76 @@ def test_steps_keyboard_and_safe_text(browser, tmp_path: Path) -> None:
         assert root.get_by_role("button", name="generate in Python").is_disabled()
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def sampling_generate(prompt: str, max_new_tokens: int, *, temperature: float,
+                      top_k: int | None, top_p: float | None, seed: int) -> tuple:
+    """A stand-in model that samples as it is told: seeded random logits per prompt, each
+    token drawn from kept_distribution with the given knobs and a generator seeded by seed."""
+    logits = random_logits(max_new_tokens, seed=len(prompt))  # (S, V)
+    generator = torch.Generator().manual_seed(seed)
+    chosen = [int(torch.multinomial(kept_distribution(row, temperature, top_k, top_p), 1,
+                                    generator=generator)) for row in logits]
+    return list(prompt), logits, chosen, VOCAB
+
+
+def test_python_generates_with_the_widgets_own_knobs() -> None:
+    """A generate_fn that takes the knobs gets the widget's, at build time and on every live
+    request: with top-k 1 every chosen token is the most likely, and the seed box matters."""
+    calls = []
+
+    def recording(prompt: str, max_new_tokens: int, **settings) -> tuple:
+        calls.append(settings)
+        return sampling_generate(prompt, max_new_tokens, **settings)
+
+    w = SamplingWidget.from_generate(recording, "Once", max_new_tokens=3, top_n=8,
+                                     temperature=0.7, top_p=0.9, seed=5)
+    assert w.sampler_settings == ["temperature", "top_k", "top_p", "seed"]
+    assert calls == [{"temperature": 0.7, "top_k": None, "top_p": 0.9, "seed": 5}]
+    w.temperature, w.top_k, w.top_p = 1.5, 1, None
+    w._on_front_end_message(w, {"type": "request",
+                                "args": {"prompt": "Upon a time", "max_new_tokens": 6,
+                                         "seed": 9}}, [])
+    assert w.error == "" and w.seed == 9
+    assert calls[-1] == {"temperature": 1.5, "top_k": 1, "top_p": None, "seed": 9}
+    assert [step["chosen_rank"] for step in w.steps] == [0] * 6  # never "could not have"
+    w.top_k = None  # T = 1.5 over 64 tokens: another seed, another text
+    texts = set()
+    for seed in range(4):
+        w._on_front_end_message(w, {"type": "request", "args": {
+            "prompt": "Upon a time", "max_new_tokens": 6, "seed": seed}}, [])
+        texts.add(tuple(step["chosen"] for step in w.steps))
+    assert len(texts) > 1
+
+
+def test_a_generate_fn_gets_only_the_knobs_it_takes() -> None:
+    seen = []
+
+    def temperature_only(prompt: str, max_new_tokens: int, temperature: float) -> tuple:
+        seen.append(temperature)
+        return fake_generate(prompt, max_new_tokens)
+
+    w = SamplingWidget.from_generate(temperature_only, "Once", max_new_tokens=2, top_n=8,
+                                     temperature=0.3)
+    assert w.sampler_settings == ["temperature"] and seen == [0.3]
+    w.temperature = 1.2
+    w._on_front_end_message(w, {"type": "request", "args": {"prompt": "Hi", "max_new_tokens": 2}}, [])
+    assert w.error == "" and seen == [0.3, 1.2]
+    plain = SamplingWidget.from_generate(fake_generate, "Once", max_new_tokens=2, top_n=8)
+    assert plain.sampler_settings == []
+    with pytest.raises(ValueError, match="seed must be between 0 and 4294967295, got -1"):
+        SamplingWidget.from_generate(fake_generate, "Once", seed=-1)
+
+
+def test_python_says_when_it_is_done_and_answers_a_ping() -> None:
+    """Every request ends with a "done" message (the page's busy state ends there), and a
+    ping with "live"; a request whose args are not an object is an error, not a crash."""
+    w = SamplingWidget.from_generate(fake_generate, "Once", max_new_tokens=2, top_n=8)
+    sent = []
+    w.send = lambda content, buffers=None: sent.append(content)
+    w._on_front_end_message(w, {"type": "ping"}, [])
+    w._on_front_end_message(w, {"type": "request", "args": {"prompt": " ", "max_new_tokens": 2}}, [])
+    assert "the prompt is empty" in w.error
+    w._on_front_end_message(w, {"type": "request", "args": ["Hi", 2]}, [])
+    assert "a request's args must be an object, got list" in w.error
+    assert sent == [{"type": "live"}, {"type": "done"}, {"type": "done"}]

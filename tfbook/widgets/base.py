@@ -5,7 +5,12 @@ shared helpers of ``static/common.js``. The front end redraws only from the widg
 data, so in the static HTML of the book (no kernel) sliders, hovers and step buttons still
 work on the data saved at build time. In Jupyter the front end can also ask Python for new
 data: it sends ``{"type": "request", "args": {...}}`` and the widget's ``compute(**args)``
-answers by updating the data.
+answers by updating the data, then sends ``{"type": "done"}`` (the page shows that Python is
+computing until then). A ``{"type": "ping"}`` is answered by ``live`` and ``{"type": "live"}``.
+
+Text that comes from data reaches the saved page through ``page_text`` (no raw "<"), and the
+front end undoes it (``fromPage`` in common.js); the error text too, since it can quote what
+the reader typed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,24 @@ import anywidget
 import traitlets
 
 STATIC = Path(__file__).resolve().parent / "static"
+
+
+def page_text(text: str) -> str:
+    """`text` without any "<": "%" -> "%25", then "<" -> "%3C"; common.js's fromPage undoes
+    both.
+
+    The saved page holds the widget state as JSON inside a <script> element, and the book's
+    builder escapes only "</script>" there: a token such as "<!--<script>" would make the
+    HTML parser run past the element's end and swallow the rest of the page.
+
+    >>> page_text("<!--<script> 100%")
+    '%3C!--%3Cscript> 100%25'
+    """
+    return text.replace("%", "%25").replace("<", "%3C")
+
+
+def _text_to_page(text: str, _widget: Any) -> str:
+    return page_text(text)
 
 
 def bundle(script: str) -> str:
@@ -31,8 +54,9 @@ class Widget(anywidget.AnyWidget):
 
     # True once a kernel has answered the front end's ping: only then can it ask for data.
     live = traitlets.Bool(False).tag(sync=True)
-    # The last error met while computing requested data, shown by the front end ("" if none).
-    error = traitlets.Unicode("").tag(sync=True)
+    # The last error met while computing requested data, shown by the front end ("" if none);
+    # it can quote the reader's text, so it goes to the page as page_text.
+    error = traitlets.Unicode("").tag(sync=True, to_json=_text_to_page)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -43,12 +67,19 @@ class Widget(anywidget.AnyWidget):
             return
         if content.get("type") == "ping":
             self.live = True
+            self.send({"type": "live"})
         elif content.get("type") == "request":
             try:
-                self.compute(**content.get("args", {}))
+                args = content.get("args", {})
+                if not isinstance(args, dict):
+                    raise TypeError(f"a request's args must be an object, got "
+                                    f"{type(args).__name__}")
+                self.compute(**args)
                 self.error = ""
             except (ValueError, TypeError) as error:
                 self.error = str(error)
+            finally:
+                self.send({"type": "done"})
 
     def compute(self, **args: Any) -> None:
         """Recompute the widget's data for new arguments (subclasses override)."""

@@ -12,7 +12,10 @@ Python reference of that arithmetic is `tfbook.generate.sampling.kept_distributi
 
 A step slider (and prev/next buttons) walks through the generation: the text so far, the
 token that was chosen, and the alternatives the sampler had. In Jupyter, a prompt box asks
-Python for a new generation through a model-agnostic `generate_fn`.
+Python for a new generation through a model-agnostic `generate_fn(prompt, max_new_tokens)`;
+if it also takes any of the keywords `temperature`, `top_k`, `top_p` and `seed` (or
+**settings), the widget passes its own knobs and seed box, so that what the reader set is
+what generates (`sampler_settings` lists the ones it takes).
 
 `SamplingWidget.from_page_model` also puts a small tfbook GPT in the page (static/gpt.js,
 `tfbook.widgets.page_model`): then the prompt box works without a kernel. The page encodes
@@ -29,6 +32,7 @@ the saved page raw (see `page_text`), so no token can end or open a script eleme
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from numbers import Integral, Real
@@ -41,7 +45,7 @@ import traitlets
 from tfbook.generate.sampling import filter_logits
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
-from tfbook.widgets.base import STATIC, Widget, bundle, rounded
+from tfbook.widgets.base import STATIC, Widget, _text_to_page, bundle, page_text, rounded
 from tfbook.widgets.page_model import (
     check_dtype,
     gpt_js_script_safe,
@@ -58,22 +62,10 @@ MAX_NEW_TOKENS = 64  # per live request: generation stays a few seconds on a CPU
 MAX_PROMPT_CHARS = 2000  # the live prompt box
 MAX_SEED = 2**32 - 1  # mulberry32 keeps 32 bits of state
 
+SETTINGS = ("temperature", "top_k", "top_p", "seed")  # the knobs a generate_fn may take
 TokenText = Callable[[int], str] | Sequence[str]  # token id -> its text
 # What a generate_fn returns: (prompt tokens, (steps, V) logits, chosen ids, token text).
 Generation = tuple[Sequence[str], Any, Sequence[int], TokenText]
-
-
-def page_text(text: str) -> str:
-    """`text` without any "<": "%" -> "%25", then "<" -> "%3C"; sampling.js undoes both.
-
-    The saved page holds the widget state as JSON inside a <script> element, and the book's
-    builder escapes only "</script>" there: a token such as "<!--<script>" would make the
-    HTML parser run past the element's end and swallow the rest of the page.
-
-    >>> page_text("<!--<script> 100%")
-    '%3C!--%3Cscript> 100%25'
-    """
-    return text.replace("%", "%25").replace("<", "%3C")
 
 
 def _strings_to_page(values: list[str], _widget: Any) -> list[str]:
@@ -83,10 +75,6 @@ def _strings_to_page(values: list[str], _widget: Any) -> list[str]:
 def _steps_to_page(steps: list[dict[str, Any]], _widget: Any) -> list[dict[str, Any]]:
     return [{**step, "tokens": _strings_to_page(step["tokens"], _widget),
              "chosen_text": page_text(step["chosen_text"])} for step in steps]
-
-
-def _text_to_page(text: str, _widget: Any) -> str:
-    return page_text(text)
 
 
 def next_token_candidates(logits: torch.Tensor, top_n: int) -> tuple[list[int], list[float], float]:
@@ -368,6 +356,8 @@ class SamplingWidget(Widget):
     top_k = traitlets.Int(None, allow_none=True).tag(sync=True)  # None = off
     top_p = traitlets.Float(None, allow_none=True).tag(sync=True)  # None = off
     can_run = traitlets.Bool(False).tag(sync=True)  # a generate_fn is attached
+    # The knobs a live generation uses (those generate_fn takes; all of them with a page model)
+    sampler_settings = traitlets.List(traitlets.Unicode()).tag(sync=True)
     prompt = traitlets.Unicode("").tag(sync=True, to_json=_text_to_page)  # the live prompt box
     max_new_tokens = traitlets.Int(10).tag(sync=True)  # prefills the live length box
     seed = traitlets.Int(0).tag(sync=True)  # of the page model's sampler (mulberry32)
@@ -378,12 +368,14 @@ class SamplingWidget(Widget):
                  chosen: Sequence[int], token_text: TokenText, top_n: int = 50, *,
                  generate_fn: Callable[[str, int], Generation] | None = None,
                  temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, step: int = 0, prompt: str | None = None) -> None:
+                 top_p: float | None = None, step: int = 0, prompt: str | None = None,
+                 seed: int = 0) -> None:
         super().__init__()
         if generate_fn is not None and not callable(generate_fn):
             raise TypeError(f"generate_fn must be callable (prompt, max_new_tokens) -> "
                             f"generation, got {type(generate_fn).__name__}")
         settings = check_settings(temperature, top_k, top_p)
+        seed = _check_int("seed", seed, 0, MAX_SEED)
         step = _check_int("step", step, -2**31, 2**31)  # then clamped to the steps there are
         if prompt is not None and not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str or None, got {type(prompt).__name__}")
@@ -395,17 +387,29 @@ class SamplingWidget(Widget):
             self.top_k = None if top_k is None else min(top_k, self.top_n)
             self.step = min(max(step, 0), len(self.steps) - 1)
             self.can_run = generate_fn is not None
+            self.sampler_settings = [] if generate_fn is None else taken_settings(generate_fn)
+            self.seed = seed
             self.prompt = "".join(self.prompt_tokens) if prompt is None else prompt
             self.max_new_tokens = min(len(self.steps), MAX_NEW_TOKENS)
 
     @classmethod
-    def from_generate(cls, generate_fn: Callable[[str, int], Generation], prompt: str,
-                      max_new_tokens: int = 10, top_n: int = 50, **settings: Any
-                      ) -> SamplingWidget:
-        """Run `generate_fn` on `prompt` now (build time) and keep it for live requests."""
-        generation = _run(generate_fn, prompt, max_new_tokens)
+    def from_generate(cls, generate_fn: Callable[..., Generation], prompt: str,
+                      max_new_tokens: int = 10, top_n: int = 50, *, temperature: float = 1.0,
+                      top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                      **options: Any) -> SamplingWidget:
+        """Run `generate_fn` on `prompt` now (build time), with the knobs it takes among
+        temperature, top_k, top_p and seed, and keep it for live requests."""
+        if not callable(generate_fn):
+            raise TypeError(f"generate_fn must be callable (prompt, max_new_tokens) -> "
+                            f"generation, got {type(generate_fn).__name__}")
+        temperature, top_k, top_p = check_settings(temperature, top_k, top_p)
+        _check_int("top_n", top_n, 1, MAX_TOP_N)
+        top_k = None if top_k is None else min(top_k, top_n)  # as the widget clamps it
+        seed = _check_int("seed", seed, 0, MAX_SEED)
+        knobs = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed}
+        generation = _run(generate_fn, prompt, max_new_tokens, knobs)
         return cls(*generation, top_n=top_n, generate_fn=generate_fn, prompt=prompt,
-                   **settings)
+                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **options)
 
     @classmethod
     def from_page_model(cls, model: GPT, tokenizer: BPETokenizer, prompt: str,
@@ -431,6 +435,7 @@ class SamplingWidget(Widget):
                      top_k=top_k, top_p=top_p, **settings)
         widget._page = (reference, tokenizer)
         with widget.hold_sync():
+            widget.sampler_settings = list(SETTINGS)
             widget.page_model = payload_json(payload)
             widget.seed, widget.dropped, widget.can_run = seed, dropped, True
             widget.max_new_tokens = max_new_tokens
@@ -455,7 +460,7 @@ class SamplingWidget(Widget):
                 ) -> None:
         """Generate from a new prompt and show it from step 0: with the page's model and
         sampler (the knobs and `seed`, default the widget's) if it has one, else with the
-        attached generate_fn."""
+        attached generate_fn, given the knobs and seed it takes."""
         if self._generate_fn is None and self._page is None:
             raise TypeError("this sampling widget has no model attached (pass generate_fn=...)")
         seed = self.seed if seed is None else _check_int("seed", seed, 0, MAX_SEED)
@@ -464,7 +469,9 @@ class SamplingWidget(Widget):
             generation, dropped = page_generation(*self._page, prompt, max_new_tokens,
                                                   self.temperature, self.top_k, self.top_p, seed)
         else:
-            generation, dropped = _run(self._generate_fn, prompt, max_new_tokens), 0
+            knobs = {"temperature": self.temperature, "top_k": self.top_k,
+                     "top_p": self.top_p, "seed": seed}
+            generation, dropped = _run(self._generate_fn, prompt, max_new_tokens, knobs), 0
         self._set_generation(*generation, top_n=self.top_n)
         with self.hold_sync():
             self.prompt, self.max_new_tokens, self.step = prompt, max_new_tokens, 0
@@ -483,12 +490,30 @@ def _check_prompt(prompt: object) -> str:
     return prompt
 
 
-def _run(generate_fn: Callable[[str, int], Generation], prompt: object,
-         max_new_tokens: object) -> Generation:
-    """Call generate_fn after checking its arguments, and check the shape of its answer."""
+def taken_settings(generate_fn: Callable[..., Generation]) -> list[str]:
+    """The knobs among SETTINGS that generate_fn takes as keywords (all of them if it takes
+    **settings; none if its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(generate_fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return list(SETTINGS)
+    names = {p.name for p in parameters
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return [name for name in SETTINGS if name in names]
+
+
+def _run(generate_fn: Callable[..., Generation], prompt: object, max_new_tokens: object,
+         knobs: dict[str, Any] | None = None) -> Generation:
+    """Call generate_fn after checking its arguments, with the knobs it takes, and check the
+    shape of its answer."""
     _check_prompt(prompt)
     _check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
-    generation = generate_fn(prompt, max_new_tokens)
+    taken = taken_settings(generate_fn)
+    generation = generate_fn(prompt, max_new_tokens,
+                             **{name: value for name, value in (knobs or {}).items()
+                                if name in taken})
     if not isinstance(generation, tuple) or len(generation) != 4:
         raise TypeError("generate_fn must return (prompt_tokens, step_logits, chosen, "
                         f"token_text), got {type(generation).__name__}: {generation!r:.80}")

@@ -112,7 +112,8 @@ function render({ model, el: element }) {
   const note = el("span", { class: "tfw-note" });
   const status = el("span", { class: "tfw-note tfw-status" });
   const errorBox = el("span", { class: "tfw-note", style: "color:#b00" });
-  const liveRow = el("div", { class: "tfw-row" }, textInput, run, note, status, errorBox);
+  const liveRow = el("div", { class: "tfw-row" }, textInput, run, note, status, errorBox,
+                        pythonStatus(model));
   node.append(
     el("style", {}, `.tfw-grid { display: grid; gap: 3px; align-items: center; }
       .tfw-grid canvas { cursor: pointer; border: 2px solid transparent;
@@ -285,7 +286,7 @@ function render({ model, el: element }) {
   }
 
   function draw() {
-    errorBox.textContent = pageError || model.get("error");
+    errorBox.textContent = pageError || fromPage(model.get("error"));
     unpack();
     const c = current();
     if (!c) return;

@@ -50,7 +50,7 @@ function render({ model, el: element }) {
     sampleHead, sampleBox, details,
     el("div", { class: "tfw-row" }, el("div", {}, textInput),
       el("div", {}, "vocab size ", vocabInput, el("br"), patternInput, el("br"), train, el("br"),
-         note, errorBox)),
+         note, errorBox, pythonStatus(model))),
   );
 
   let vocab = []; // id -> its bytes
@@ -188,7 +188,7 @@ function render({ model, el: element }) {
     vocabInput.value = String(256 + n);
     patternInput.value = model.get("pattern");
     if (document.activeElement !== textInput && !textInput.value) textInput.value = model.get("sample_text");
-    errorBox.textContent = model.get("error");
+    showError(errorBox, model);
 
     if (n === 0) {
       mergeBox.textContent = "no merges: the text has no adjacent pair inside a chunk";

@@ -102,24 +102,98 @@ function linePlot(xs, ys, { width = 360, height = 160, marker = null, yLabel = "
   return plot;
 }
 
-/**
- * Live mode. In Jupyter a kernel answers the widget's "ping" by setting `live`; in the
- * static HTML nothing answers, so controls that need Python stay disabled and the widget
- * explores the data computed at build time.
- */
-function watchLive(model, onChange) {
-  model.on("change:live", () => onChange(model.get("live")));
-  onChange(model.get("live"));
+/** Undo Python's page_text: "%3C" -> "<", "%25" -> "%" (the saved page never holds a raw "<"). */
+function fromPage(text) {
+  return String(text).replace(/%(25|3C)/g, (_, hex) => (hex === "25" ? "%" : "<"));
+}
+
+/** Python's page_text: "%" -> "%25", then "<" -> "%3C"; text made in the page is stored
+ *  as Python stores it, so every drawing reads it back with fromPage. */
+function toPage(text) {
+  return String(text).replace(/%/g, "%25").replace(/</g, "%3C");
+}
+
+/** The widget's error (Python's, or the page's own), as text in `box`. */
+function showError(box, model) {
+  box.textContent = fromPage(model.get("error"));
+}
+
+// Live mode. In Jupyter a kernel answers the widget's "ping" by setting `live`, and answers
+// every "request" with a "done" message once it has computed (or failed). In the static HTML
+// nothing answers, so controls that need Python stay disabled and the widget explores the
+// data computed at build time. The link to Python has a state per view, shown by
+// pythonStatus and in the root's data-python: "static", "live", "busy" (a request is in
+// flight) or "gone" (the kernel restarted or stopped: the widget's messages have nowhere to
+// go any more, and only running its cell again makes a widget that Python answers).
+const PYTHON_BUSY = "Python is computing…";
+const PYTHON_GONE = "The kernel restarted or stopped, so this widget has lost its Python. " +
+  "Run its cell again (Shift+Enter) to get a live widget.";
+const LINKS = new WeakMap();  // model (one per view) -> {state, onChange, nodes}
+
+function linkOf(model) {
+  if (!LINKS.has(model)) LINKS.set(model, { state: "static", onChange: () => {}, nodes: [] });
+  return LINKS.get(model);
+}
+
+function setPythonState(model, state) {
+  const link = linkOf(model);
+  if (link.state === "gone") return;  // nothing revives this view: its cell makes a new one
+  const wasLive = link.state === "live" || link.state === "busy";
+  link.state = state;
+  for (const node of link.nodes) drawPythonStatus(node, state);
+  const isLive = state === "live" || state === "busy";
+  if (isLive !== wasLive) link.onChange(isLive);
+}
+
+function drawPythonStatus(node, state) {
+  node.textContent = state === "busy" ? PYTHON_BUSY : state === "gone" ? PYTHON_GONE : "";
+  node.style.color = state === "gone" ? "#b00" : "";
+  const root = node.closest(".tfw");
+  if (root) root.dataset.python = state;
+}
+
+/** A line that says when Python is computing, or when the widget has lost its kernel. */
+function pythonStatus(model) {
+  const node = el("span", { class: "tfw-note tfw-python", role: "status" });
+  linkOf(model).nodes.push(node);
+  queueMicrotask(() => drawPythonStatus(node, linkOf(model).state));  // once it is in the page
+  return node;
+}
+
+/** Send a message to Python; false (and the widget says it lost its Python) if the kernel
+ *  is gone: JupyterLab then refuses to send ("Cannot send"). */
+function sendToPython(model, message) {
   try {
-    model.send({ type: "ping" });
+    model.send(message);
+    return true;
   } catch (error) {
-    // no kernel (static page): stay in static mode
+    setPythonState(model, "gone");
+    return false;
   }
 }
 
-/** Ask Python for new data (only meaningful when live). */
+/** Call onChange(live) now and whenever Python answers or goes away. */
+function watchLive(model, onChange) {
+  const link = linkOf(model);
+  link.onChange = onChange;
+  model.on("change:live", () => { if (model.get("live")) setPythonState(model, "live"); });
+  model.on("msg:custom", (message) => {
+    if (!message) return;
+    if (message.type === "live") setPythonState(model, "live");  // the answer to a ping
+    if (message.type === "done" && link.state === "busy") setPythonState(model, "live");
+  });
+  // The widget manager marks the model's connection on a kernel restart or shutdown: ask
+  // again, and a send that fails says the kernel is gone.
+  model.on("comm_live_update", () => sendToPython(model, { type: "ping" }));
+  onChange(false);
+  // In a static page the ping goes nowhere and nothing answers.
+  if (sendToPython(model, { type: "ping" }) && model.get("live")) setPythonState(model, "live");
+}
+
+/** Ask Python for new data (only meaningful when live); the widget shows it is busy until
+ *  Python's "done". */
 function request(model, args) {
-  model.send({ type: "request", args });
+  if (sendToPython(model, { type: "request", args })) setPythonState(model, "busy");
 }
 
 const TFW_STYLE = `
@@ -132,6 +206,7 @@ const TFW_STYLE = `
 .tfw canvas { image-rendering: pixelated; border: 1px solid #ccc; cursor: crosshair; }
 .tfw button { font: inherit; padding: 1px 8px; }
 .tfw input[type=number] { width: 5em; }
+.tfw .tfw-python:empty { display: none; }
 `;
 
 /** The widget's root element, with the shared style attached once. */

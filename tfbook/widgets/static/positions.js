@@ -18,7 +18,8 @@ function render({ model, el: element }) {
     title,
     el("div", { class: "tfw-row" }, pick.node),
     el("div", { class: "tfw-row" }, canvas, el("div", {}, plotBox, vectorBox)),
-    el("div", { class: "tfw-row" }, "C = ", widthInput, " base = ", baseInput, apply, note, errorBox),
+    el("div", { class: "tfw-row" }, "C = ", widthInput, " base = ", baseInput, apply, note, errorBox,
+       pythonStatus(model)),
   );
   apply.addEventListener("click", () =>
     request(model, { d_model: Number(widthInput.value), base: Number(baseInput.value) }));
@@ -39,7 +40,7 @@ function render({ model, el: element }) {
     const p = Math.min(model.get("position"), T - 1);
     widthInput.value = model.get("d_model");
     baseInput.value = model.get("base");
-    errorBox.textContent = model.get("error");
+    showError(errorBox, model);
     pick.input.max = String(T - 1);
     pick.set(p);
     title.textContent = `PE table: ${T} positions x ${C} dimensions; selected p = ${p} (${visibleText(labels[p])})`;

@@ -53,7 +53,7 @@ function render({ model, el: element }) {
                         "each plane's term of the score (rows: planes n, fastest on top; columns: offset m)"),
           canvas, planeNote)),
     el("div", { class: "tfw-row" }, "D = ", sizeInput, " base = ", baseInput, " seed = ", seedInput,
-       el("label", {}, matchInput, " k = q"), apply, note, errorBox),
+       el("label", {}, matchInput, " k = q"), apply, note, errorBox, pythonStatus(model)),
   );
   let plane = 0; // the highlighted plane (local to this view)
 
@@ -180,7 +180,7 @@ function render({ model, el: element }) {
     baseInput.value = model.get("base");
     seedInput.value = model.get("seed");
     matchInput.checked = model.get("match");
-    errorBox.textContent = model.get("error");
+    showError(errorBox, model);
     for (const s of [iSlider, jSlider]) s.input.max = String(N - 1);
     iSlider.set(i);
     jSlider.set(j);

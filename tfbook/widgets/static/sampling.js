@@ -25,17 +25,6 @@ const MAX_PROMPT_CHARS = 2000;  // as Python's MAX_PROMPT_CHARS
 const MAX_SEED = 4294967295;  // mulberry32 keeps 32 bits
 const EMPTY_PROMPT = "the prompt is empty: type a few words to continue";
 
-/** Undo Python's page_text: "%3C" -> "<", "%25" -> "%" (the saved page never holds a raw "<"). */
-function fromPage(text) {
-  return text.replace(/%(25|3C)/g, (_, hex) => (hex === "25" ? "%" : "<"));
-}
-
-/** Python's page_text: "%" -> "%25", then "<" -> "%3C"; text made in the page is stored
- *  as Python stores it, so every drawing reads it back with fromPage. */
-function toPage(text) {
-  return text.replace(/%/g, "%25").replace(/</g, "%3C");
-}
-
 /** One step as Python's build_steps makes it, from the page's logits (V,): the topN most
  *  likely finite tokens (ties by id), their texts and logits, the chosen id, its text, its
  *  rank in the vocabulary (0 = most likely) and the candidates' mass at temperature 1. */
@@ -206,7 +195,7 @@ function render({ model, el: element }) {
   const errorBox = el("span", { class: "tfw-note tfw-error", style: "color:#b00" });
   const pageStatus = el("div", { class: "tfw-note tfw-page-status" });
   const liveRow = el("div", { class: "tfw-row" }, promptInput,
-    el("div", {}, "new tokens ", lengthInput, seedLabel, " ", run, el("br"), note, errorBox));
+    el("div", {}, "new tokens ", lengthInput, seedLabel, " ", run, el("br"), note, errorBox, pythonStatus(model)));
   node.append(
     el("style", {}, SAMPLING_STYLE),
     title,
@@ -224,6 +213,8 @@ function render({ model, el: element }) {
   // one, else nobody (the static page of a widget without a page model).
   let live = false;
   const hasPageModel = () => model.get("page_model") !== "";
+  // Python's generation uses the knobs it takes (all of them with a page model)
+  const takesSeed = () => hasPageModel() || model.get("sampler_settings").includes("seed");
   const inPython = () => live && model.get("can_run");
   let gpt = null;  // the PageGPT, decoded from the payload on the first request
   let pageRun = null;  // the page's last generation while it is shown: its full logits
@@ -233,7 +224,7 @@ function render({ model, el: element }) {
   function generate() {
     if (inPython()) {
       request(model, { prompt: promptInput.value, max_new_tokens: Number(lengthInput.value),
-                       ...(hasPageModel() ? { seed: Number(seedInput.value) } : {}) });
+                       ...(takesSeed() ? { seed: Number(seedInput.value) } : {}) });
     } else if (hasPageModel()) {
       generateHere();
     }
@@ -250,7 +241,7 @@ function render({ model, el: element }) {
       result = generateInPage(gpt, settings.prompt, settings);
       ms = performance.now() - start;
     } catch (error) {
-      model.set("error", error.message);  // this view only: nothing is sent anywhere
+      model.set("error", toPage(error.message));  // this view only: nothing is sent anywhere
       return;
     }
     runs += 1;
@@ -292,9 +283,12 @@ function render({ model, el: element }) {
     const python = inPython(), page = !python && hasPageModel();
     promptInput.disabled = lengthInput.disabled = seedInput.disabled = run.disabled = !(python || page);
     liveRow.style.display = model.get("can_run") || hasPageModel() ? "" : "none";
-    seedLabel.style.display = hasPageModel() ? "" : "none";
+    seedLabel.style.display = takesSeed() ? "" : "none";
     run.textContent = page ? "generate in the page" : "generate in Python";
-    note.textContent = python ? "" : page
+    const knobs = model.get("sampler_settings");
+    note.textContent = python ? (knobs.length === 4 ? "" : knobs.length
+      ? `Python generates with this widget's ${knobs.join(", ")}; the other knobs only re-filter the stored candidates`
+      : "Python generates with its own settings; the knobs only re-filter the stored candidates") : page
       ? "the model runs in this page: no kernel, no network (Ctrl+Enter in the prompt generates)"
       : "static page: run the chapter in Jupyter to generate from your own prompt";
   }
@@ -398,7 +392,7 @@ function render({ model, el: element }) {
     if (document.activeElement !== promptInput && !promptInput.value) promptInput.value = fromPage(model.get("prompt"));
     if (document.activeElement !== lengthInput) lengthInput.value = String(model.get("max_new_tokens"));
     if (document.activeElement !== seedInput) seedInput.value = String(model.get("seed"));
-    errorBox.textContent = model.get("error");
+    showError(errorBox, model);
     drawMode();
     drawStatus();
 
@@ -440,7 +434,7 @@ function render({ model, el: element }) {
   }
 
   for (const name of ["steps", "step", "temperature", "top_k", "top_p", "error", "prompt_tokens",
-                      "dropped", "seed", "can_run"]) {
+                      "dropped", "seed", "can_run", "sampler_settings"]) {
     model.on(`change:${name}`, draw);
   }
   draw();

@@ -22,7 +22,7 @@ function render({ model, el: element }) {
   const errorBox = el("span", { class: "tfw-note", style: "color:#b00" }, "");
   node.append(
     controls, textBox, rowsBox, details,
-    el("div", { class: "tfw-row" }, input, el("div", {}, send, el("br"), note, errorBox)),
+    el("div", { class: "tfw-row" }, input, el("div", {}, send, el("br"), note, errorBox, pythonStatus(model))),
   );
   send.addEventListener("click", () => request(model, { text: input.value }));
   watchLive(model, (live) => {
@@ -71,7 +71,7 @@ function render({ model, el: element }) {
     pickExample.set(e);
     setChildren(controls, [...(texts.length > 1 ? [pickExample.node] : []), pickToken.node]);
     textBox.textContent = `example ${e + 1} of ${texts.length}: ${showWhitespace(texts[e])}`;
-    errorBox.textContent = model.get("error");
+    showError(errorBox, model);
     const cells = [];
     rows = model.get("tokens")[e].map((tokens, r) => {
       cells.push(el("div", { class: "tfw-title" }, `${names[r]} (${tokens.length})`));
