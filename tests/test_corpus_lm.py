@@ -17,6 +17,7 @@ from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.train.corpus_lm import (
     bits_per_byte,
     compressed_bits_per_byte,
+    conditional_bits_per_byte,
     corpus_setup,
     eval_windows,
     fresh_corpus,
@@ -127,6 +128,22 @@ def test_compressors_match_the_command_line_tools(method, command):
     assert compressed_bits_per_byte("abc" * 2000, method) < 0.5  # repetition costs nothing
 
 
+@pytest.mark.parametrize("method", ["gzip", "xz"])
+def test_conditional_compression_is_the_extra_size(method):
+    import gzip
+    import lzma
+
+    context, text = stdlib_corpus(30_000), "Return the value of x.\n" * 20
+    pack = {"gzip": lambda b: gzip.compress(b, 9, mtime=0),
+            "xz": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME)}[method]
+    extra = len(pack((context + text).encode())) - len(pack(context.encode()))
+    assert conditional_bits_per_byte(context, text, method) == 8 * extra / len(text)
+    # a text already read costs almost nothing once the compressor has seen it
+    seen = context[-2000:]
+    assert conditional_bits_per_byte(context, seen, method) < 0.2 * compressed_bits_per_byte(
+        seen, method)
+
+
 def test_windows_are_shifted_by_one(data):
     x, y = window_sampler(data.train_ids, 4, 16)(torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (4, 16)
@@ -195,6 +212,20 @@ def test_bad_input(data):
         compressed_bits_per_byte("text", "zip")
     with pytest.raises(ValueError, match="too short for windows of T \\+ 1 = 65"):
         window_sampler(torch.arange(10))
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        window_sampler(data.train_ids, batch_size=0)
+    with pytest.raises(ValueError, match="T must be a positive int, got 0"):
+        window_sampler(data.train_ids, T=0)
+    with pytest.raises(TypeError, match="1-D integer tensor"):
+        window_sampler(data.train_ids.float())
+    with pytest.raises(ValueError, match="T must be a positive int, got -2"):
+        eval_windows(data.val_ids, T=-2)
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        eval_windows(data.val_ids, batch_size=0)
+    with pytest.raises(ValueError, match="context must be a non-empty str, got bytes"):
+        conditional_bits_per_byte(b"abc", "text", "xz")
+    with pytest.raises(ValueError, match="text must be a non-empty str, got str ''"):
+        conditional_bits_per_byte("abc", "", "xz")
     with pytest.raises(ValueError, match="max_windows must be a positive int or None"):
         eval_windows(data.val_ids, max_windows=0)
     with pytest.raises(ValueError, match="warmup_fraction must lie in"):

@@ -26,6 +26,15 @@ from tfbook.train.schedules import inverse_sqrt, warmup_cosine, warmup_linear
 CONFIG = dataclasses.replace(GPTConfig.tiny(), max_len=16, d_model=32, n_layers=1)
 
 
+@pytest.fixture(params=[1, 2])
+def pinned_threads(request):
+    """Runs compared bit for bit use the same kernels in the same order: threads pinned."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def stream(n=2000, seed=0):
     return torch.randint(0, CONFIG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -197,7 +206,7 @@ def test_loss_falls_and_init_loss_is_log_v():
     assert history.tokens[-1] == 60 * x.numel()
 
 
-def test_same_seed_same_curve_and_other_seed_differs():
+def test_same_seed_same_curve_and_other_seed_differs(pinned_threads):
     config = TrainConfig(steps=8, warmup=2, eval_every=4)
     _, h1 = run(config)
     _, h2 = run(config)
@@ -206,7 +215,7 @@ def test_same_seed_same_curve_and_other_seed_differs():
     assert h1.loss != h3.loss
 
 
-def test_resumed_run_equals_uninterrupted(tmp_path):
+def test_resumed_run_equals_uninterrupted(tmp_path, pinned_threads):
     config = TrainConfig(steps=12, warmup=3, eval_every=4, checkpoint_every=5)
     whole, h_whole = run(dataclasses.replace(config, checkpoint_every=0))
     run(config, checkpoint_dir=tmp_path, stop_at=7)  # saved at 5 and at the stop, 7
@@ -313,3 +322,130 @@ def test_diverging_loss_is_reported():
         model.lm_head.weight.fill_(float("inf"))
     with pytest.raises(FloatingPointError, match="the loss became nan at step 0"):
         train(model, lambda g: (x, x), TrainConfig(steps=1), progress=False)
+
+
+# --- bad input: config types, empty batches, sizes, schedule steps, damaged checkpoints -----
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"betas": 0.9}, TypeError, "betas must be a pair .* got float 0.9"),
+    ({"betas": (0.9,)}, TypeError, r"betas must be a pair .* got tuple \(0.9,\)"),
+    ({"betas": "ab"}, TypeError, "betas must be a pair .* got str"),
+    ({"betas": (0.9, "x")}, ValueError, "betas must be two numbers in"),
+    ({"seed": 2**64}, ValueError, r"seed must lie in \[0, 2\*\*64\)"),
+    ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
+    ({"seed": 1.5}, ValueError, "seed must be an int >= 0, got 1.5"),
+])
+def test_train_config_field_types(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_a_batch_without_counted_targets_is_named():
+    x = stream(64)[:32].view(2, 16)
+    ignored = torch.full_like(x, IGNORE_INDEX)
+    with pytest.raises(ValueError, match="batch of step 0 has no counted target"):
+        train(GPT(CONFIG), lambda g: (x, ignored), TrainConfig(steps=1), progress=False)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: random_windows(stream(), 0, 8), "batch_size must be a positive int, got 0"),
+    (lambda: random_windows(stream(), 2, -1), "T must be a positive int, got -1"),
+    (lambda: sequential_windows(stream(), 0, 8), "batch_size must be a positive int, got 0"),
+    (lambda: sequential_windows(stream(), 4, 0), "T must be a positive int, got 0"),
+    (lambda: split_stream(stream(10), 0.01), "leaves 10 for training and 0 for validation"),
+    (lambda: split_stream(stream(10), 0.99), "leaves 0 for training and 10 for validation"),
+])
+def test_window_and_split_sizes_below_one(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: warmup_cosine(-1, 100, 10),
+    lambda: warmup_linear(-3, 100, 10),
+    lambda: inverse_sqrt(-1, 512, 4000),
+    lambda: warmup_cosine(1.5, 100, 10),
+    lambda: TrainConfig(steps=10).lr_at(-1),
+    lambda: TrainConfig(steps=10, schedule="constant").lr_at(-2),
+])
+def test_negative_schedule_steps(call):
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        call()
+
+
+def _saved_run(folder):
+    """A 1-layer model trained 2 of 4 steps with a checkpoint in `folder`; the config."""
+    config = TrainConfig(steps=4, warmup=1)
+    x = stream(64)[:32].view(2, 16)
+    torch.manual_seed(0)
+    train(GPT(CONFIG), lambda g: (x, x), config, checkpoint_dir=folder, stop_at=2,
+          progress=False)
+    return config, lambda: train(GPT(CONFIG), lambda g: (x, x), config, checkpoint_dir=folder,
+                                 resume=True, progress=False)
+
+
+def _edit_state(folder, change):
+    path = folder / "state.json"
+    info = json.loads(path.read_text())
+    change(info)
+    path.write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda i: i["loop"].update(step=9), r"at step 9, outside the run \[1, 4\]"),
+    (lambda i: i["loop"].update(step=0), r"at step 0, outside the run"),
+    (lambda i: i["loop"].update(step="2"), r"at step '2', outside the run"),
+    (lambda i: i["loop"].pop("history"), "must have the keys"),
+    (lambda i: i["loop"].update(extra=1), "must have the keys"),
+    (lambda i: i["loop"]["history"].pop("lr"), "history .* must have the fields"),
+    (lambda i: i["loop"]["history"].update(more=[]), "history .* must have the fields"),
+    (lambda i: i["loop"]["history"]["loss"].append(1.0), "does not fit step 2"),
+    (lambda i: i["loop"]["history"].update(eval_loss=[1.0]), "does not fit step 2"),
+    (lambda i: i["loop"]["history"].update(loss="low"), "loss must be a list of numbers"),
+    (lambda i: i["loop"]["history"].update(seconds=None), "seconds must be a number"),
+    (lambda i: i.update(note="hi"), "must hold 'model', 'loop'"),
+    (lambda i: i.pop("loop"), "must hold 'model', 'loop'"),
+    (lambda i: i.pop("optimizer"), "holds no optimiser state"),
+    (lambda i: i["optimizer"]["param_groups"].pop(), "needs 2 parameter groups"),
+    (lambda i: i["optimizer"]["param_groups"][0].pop("lr"), "group 0 must have the keys"),
+    (lambda i: i["optimizer"]["param_groups"][1].update(params=[0]), "group 1 must list"),
+])
+def test_damaged_state_json_is_refused(tmp_path, change, message):
+    _, resume = _saved_run(tmp_path)
+    _edit_state(tmp_path, change)
+    with pytest.raises(ValueError, match=message):
+        resume()
+
+
+def _edit_tensors(folder, change):
+    from safetensors.torch import load_file, save_file
+
+    path = str(folder / "optimizer.safetensors")
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.pop("state.0.exp_avg_sq"), "states hold different fields"),
+    (lambda t: t.update({"state.0.exp_avg": torch.zeros(3)}), r"state.0.exp_avg has shape \(3,\)"),
+    (lambda t: t.update({"state.0.step": torch.zeros(2)}), "step must be one number"),
+    (lambda t: t.update({"state.99.exp_avg": torch.zeros(1)}), "state for parameter 99"),
+    (lambda t: t.update({"momentum": torch.zeros(1)}), "unexpected tensor 'momentum'"),
+    (lambda t: t.pop("rng.data"), "random states 'data' and 'torch'"),
+    (lambda t: t.update({"rng.data": torch.zeros(3, dtype=torch.uint8)}), "do not fit"),
+])
+def test_damaged_optimizer_file_is_refused(tmp_path, change, message):
+    _, resume = _saved_run(tmp_path)
+    _edit_tensors(tmp_path, change)
+    with pytest.raises(ValueError, match=message):
+        resume()
+
+
+def test_stop_at_before_the_checkpoint_is_refused(tmp_path):
+    config, _ = _saved_run(tmp_path)
+    x = stream(64)[:32].view(2, 16)
+    with pytest.raises(ValueError, match=r"stop_at \(1\) must come after the checkpoint's step"):
+        train(GPT(CONFIG), lambda g: (x, x), config, checkpoint_dir=tmp_path, resume=True,
+              stop_at=1, progress=False)

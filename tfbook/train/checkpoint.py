@@ -70,7 +70,67 @@ def _read_state(directory: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(info, dict) or not isinstance(info.get("model"), dict):
         raise ValueError(f"{path} must hold an object with a 'model' entry, got {info!r:.80}")
+    extra = sorted(set(info) - {"model", "loop", "optimizer"})
+    if extra or not isinstance(info.get("loop"), dict):
+        raise ValueError(f"{path} must hold 'model', 'loop' (an object) and optionally "
+                         f"'optimizer', got keys {sorted(info)}")
     return info
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+                     where: Path) -> dict[int, dict[str, torch.Tensor]]:
+    """The 'state.<index>.<name>' tensors as torch's optimiser state, checked against the
+    optimiser's parameters: known indices, one set of names for all, shapes that fit."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("rng.") or key == "empty":
+            continue
+        parts = key.split(".", 2)
+        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit():
+            raise ValueError(f"{where} holds an unexpected tensor {key!r}: expected "
+                             "'state.<param index>.<name>' or 'rng.<name>'")
+        index = int(parts[1])
+        if index >= len(params):
+            raise ValueError(f"{where} holds state for parameter {index}, but the optimiser "
+                             f"has {len(params)} parameters")
+        state.setdefault(index, {})[parts[2]] = value
+    names = {frozenset(entry) for entry in state.values()}
+    if len(names) > 1:
+        raise ValueError(f"{where}: the parameters' states hold different fields "
+                         f"{sorted(sorted(n) for n in names)}: some are missing")
+    for index, entry in state.items():
+        for name, value in entry.items():
+            shape = params[index].shape
+            if name == "step" and value.numel() != 1:
+                raise ValueError(f"{where}: state.{index}.step must be one number, got shape "
+                                 f"{tuple(value.shape)}")
+            if name != "step" and value.shape != shape:
+                raise ValueError(f"{where}: state.{index}.{name} has shape "
+                                 f"{tuple(value.shape)}, its parameter {tuple(shape)}")
+    return state
+
+
+def _param_groups(saved: object, optimizer: torch.optim.Optimizer, where: Path) -> list[dict]:
+    """The saved settings of each parameter group, checked against the optimiser's: as many
+    groups, the same keys, as many parameters in each."""
+    current = optimizer.param_groups
+    if not isinstance(saved, list) or len(saved) != len(current) or not all(
+        isinstance(g, dict) for g in saved
+    ):
+        raise ValueError(f"{where}: the optimiser needs {len(current)} parameter groups "
+                         f"(objects), got {saved!r:.80}")
+    groups = []
+    for i, (old, new) in enumerate(zip(saved, current, strict=True)):
+        if set(old) != set(new):
+            raise ValueError(f"{where}: parameter group {i} must have the keys {sorted(new)}, "
+                             f"got {sorted(old)}")
+        if not isinstance(old["params"], list) or len(old["params"]) != len(new["params"]):
+            raise ValueError(f"{where}: parameter group {i} must list {len(new['params'])} "
+                             f"parameters, got {old['params']!r:.60}")
+        betas = old.get("betas")
+        groups.append({**old, "betas": tuple(betas)} if isinstance(betas, list) else old)
+    return groups  # JSON made the betas tuple a list
 
 
 def load_checkpoint(
@@ -101,16 +161,12 @@ def load_checkpoint(
     except (SafetensorError, OSError) as error:
         raise ValueError(f"cannot load {directory / OPTIMIZER_FILE}: {error}") from None
     if optimizer is not None:
-        if "optimizer" not in info:
+        if not isinstance(info.get("optimizer"), dict):
             raise ValueError(f"the checkpoint in {directory} holds no optimiser state")
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in tensors.items():
-            if key.startswith("state."):
-                _, index, name = key.split(".", 2)
-                state.setdefault(int(index), {})[name] = value
+        state = _optimizer_state(tensors, optimizer, directory / OPTIMIZER_FILE)
+        groups = _param_groups(info["optimizer"].get("param_groups"), optimizer,
+                               directory / STATE_FILE)
         try:
-            groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g
-                      for g in info["optimizer"]["param_groups"]]  # JSON made the tuple a list
             optimizer.load_state_dict({"state": state, "param_groups": groups})
         except (ValueError, KeyError) as error:
             raise ValueError(f"the optimiser state in {directory} does not fit: {error}") from None

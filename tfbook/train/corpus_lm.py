@@ -16,6 +16,7 @@ and the yardsticks a loss is held against, all on the validation text:
                        model (or a compressor) share
     unigram_loss       a model that ignores context: -mean log p(token), p = smoothed counts
     compressed_bits_per_byte   gzip -9 and xz (LZMA preset 9 | extreme)
+    conditional_bits_per_byte  the same compressors after reading the training text first
 
 Shape legend: B batch, T window length, N stream length, V vocab.
 """
@@ -42,7 +43,7 @@ from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.train.checkpoint import load_checkpoint
-from tfbook.train.data import random_windows, sequential_windows
+from tfbook.train.data import check_sizes, check_stream, random_windows, sequential_windows
 from tfbook.train.loop import TrainConfig
 
 VAL_FRACTION = 0.1  # the last tenth of the corpus (cut at a line break) is held out
@@ -53,7 +54,6 @@ COMPRESSORS = ("gzip", "xz")
 PROMPT = "The function returns"  # the prompt every sample of the chapter continues
 
 
-@functools.lru_cache(maxsize=4)
 @functools.lru_cache(maxsize=4)
 def fresh_corpus(max_bytes: int | None = None) -> str:
     """`stdlib_corpus(max_bytes)` exactly as a fresh Python process reads it.
@@ -184,6 +184,8 @@ def window_sampler(
     ids: Tensor, batch_size: int = BATCH_SIZE, T: int = CONTEXT,
 ) -> Callable[[torch.Generator], tuple[Tensor, Tensor]]:
     """next_batch for `train`: B random windows x (B, T) and their targets y (B, T)."""
+    check_stream(ids)
+    check_sizes(batch_size=batch_size, T=T)
     if len(ids) < T + 1:  # fail here, not at the first step of a run
         raise ValueError(f"a stream of {len(ids)} tokens is too short for windows of "
                          f"T + 1 = {T + 1}")
@@ -265,15 +267,32 @@ def unigram_loss(train_ids: Tensor, val_ids: Tensor, vocab_size: int,
     return float(-p.log()[val_ids].mean())
 
 
-def compressed_bits_per_byte(text: str, method: str) -> float:
-    """Bits per byte of `text` after compression: "gzip" (level 9) or "xz" (preset 9 | extreme)."""
+def _compressed_size(data: bytes, method: str) -> int:
+    """Bytes of `data` after "gzip" (level 9) or "xz" (preset 9 | extreme)."""
     if method not in COMPRESSORS:
         raise ValueError(f"method must be one of {COMPRESSORS}, got {method!r}")
-    if not isinstance(text, str) or not text:
-        raise ValueError("text must be a non-empty str")
-    data = text.encode("utf-8")
     if method == "gzip":
-        packed = gzip.compress(data, compresslevel=9, mtime=0)
-    else:
-        packed = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
-    return 8 * len(packed) / len(data)
+        return len(gzip.compress(data, compresslevel=9, mtime=0))
+    return len(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+
+
+def _text_bytes(text: object, name: str = "text") -> bytes:
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{name} must be a non-empty str, got {type(text).__name__} "
+                         f"{text!r:.40}")
+    return text.encode("utf-8")
+
+
+def compressed_bits_per_byte(text: str, method: str) -> float:
+    """Bits per byte of `text` after compression: "gzip" (level 9) or "xz" (preset 9 | extreme)."""
+    data = _text_bytes(text)
+    return 8 * _compressed_size(data, method) / len(data)
+
+
+def conditional_bits_per_byte(context: str, text: str, method: str) -> float:
+    """Bits per byte of `text` for a compressor that has already read `context`:
+    8 (|C(context + text)| - |C(context)|) / |text|, the extra bytes that `text` costs. A
+    compressor given the training text is the fair match for a model trained on it."""
+    data, before = _text_bytes(text), _text_bytes(context, "context")
+    extra = _compressed_size(before + data, method) - _compressed_size(before, method)
+    return 8 * extra / len(data)

@@ -19,7 +19,8 @@ from tfbook.config import is_int
 from tfbook.losses import IGNORE_INDEX
 
 
-def _check_stream(ids: Tensor, name: str = "ids") -> None:
+def check_stream(ids: Tensor, name: str = "ids") -> None:
+    """ids must be a 1-D integer tensor (N,) of token ids."""
     if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype.is_floating_point or (
         ids.dtype == torch.bool
     ):
@@ -28,15 +29,26 @@ def _check_stream(ids: Tensor, name: str = "ids") -> None:
         raise TypeError(f"{name} must be a 1-D integer tensor (N,) of token ids, got {given}")
 
 
+def check_sizes(**sizes: object) -> None:
+    """Each named size must be an int >= 1: a window or batch of zero tokens holds nothing."""
+    for name, value in sizes.items():
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def split_stream(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
     """Split a token stream (N,) into train and validation parts: the last `val_fraction` of
     the tokens is held out, so no validation window overlaps a training one."""
-    _check_stream(ids)
+    check_stream(ids)
     if not isinstance(val_fraction, int | float) or isinstance(val_fraction, bool) or not (
         0.0 < val_fraction < 1.0
     ):
         raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction!r}")
     cut = int(round(len(ids) * (1.0 - val_fraction)))
+    if not 0 < cut < len(ids):
+        raise ValueError(f"a validation fraction of {val_fraction} of {len(ids)} tokens leaves "
+                         f"{cut} for training and {len(ids) - cut} for validation: both parts "
+                         "need at least one token")
     return ids[:cut], ids[cut:]
 
 
@@ -45,10 +57,8 @@ def random_windows(
 ) -> tuple[Tensor, Tensor]:
     """B random windows of a stream (N,): inputs x (B, T) and targets y (B, T), y = x shifted
     left by one token. The `generator` decides the starts (seeded: reproducible batches)."""
-    _check_stream(ids)
-    for name, value in (("batch_size", batch_size), ("T", T)):
-        if not is_int(value) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_stream(ids)
+    check_sizes(batch_size=batch_size, T=T)
     if len(ids) < T + 1:
         raise ValueError(f"a window of T + 1 = {T + 1} tokens needs a stream at least that "
                          f"long, got {len(ids)} tokens")
@@ -61,7 +71,8 @@ def random_windows(
 def sequential_windows(ids: Tensor, batch_size: int, T: int) -> list[tuple[Tensor, Tensor]]:
     """Every token of a stream once, as consecutive (x, y) windows in batches of up to B:
     the fixed set that evaluation averages over (the tail shorter than T + 1 is dropped)."""
-    _check_stream(ids)
+    check_stream(ids)
+    check_sizes(batch_size=batch_size, T=T)
     n = (len(ids) - 1) // T  # number of whole windows
     if n < 1:
         raise ValueError(f"a window of T + 1 = {T + 1} tokens needs a stream at least that "

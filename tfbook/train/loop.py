@@ -16,6 +16,7 @@ stopped. A tqdm bar shows the loss and the tokens per second.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -80,12 +81,20 @@ class TrainConfig:
                              f"got {self.label_smoothing!r}")
         if self.clip is not None and (not is_number(self.clip) or not self.clip > 0):
             raise ValueError(f"TrainConfig: clip must be a number > 0 or None, got {self.clip!r}")
-        if len(self.betas) != 2 or not all(is_number(b) and 0 <= b < 1 for b in self.betas):
+        if self.seed >= 2**64:
+            raise ValueError(f"TrainConfig: seed must lie in [0, 2**64) (a torch.Generator "
+                             f"seed), got {self.seed!r}")
+        if not isinstance(self.betas, tuple | list) or len(self.betas) != 2:
+            raise TypeError(f"TrainConfig: betas must be a pair (beta1, beta2) of numbers, got "
+                            f"{type(self.betas).__name__} {self.betas!r}")
+        if not all(is_number(b) and 0 <= b < 1 for b in self.betas):
             raise ValueError(f"TrainConfig: betas must be two numbers in [0, 1), "
                              f"got {self.betas!r}")
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimiser step `step` (0-based)."""
+        if not is_int(step) or step < 0:
+            raise ValueError(f"step must be an int >= 0 (steps count from 0), got {step!r}")
         if self.schedule == "cosine":
             return self.lr * warmup_cosine(step, self.steps, self.warmup, self.min_lr_ratio)
         if self.schedule == "linear":
@@ -191,10 +200,11 @@ def train(
         if loop.get("config") != _as_json(config):
             raise ValueError(f"the checkpoint in {checkpoint_dir} was written by another "
                              f"TrainConfig: {loop.get('config')}")
-        history = History(**loop["history"])
-        start = loop["step"]
-        generator.set_state(rng["data"])
-        torch.set_rng_state(rng["torch"])
+        start, history = _resume_state(loop, config, checkpoint_dir)
+        if stop_at is not None and stop_at <= start:
+            raise ValueError(f"stop_at ({stop_at}) must come after the checkpoint's step "
+                             f"({start}): the session would train nothing")
+        _restore_rng(rng, generator, checkpoint_dir)
 
     def save(step: int) -> None:
         state = {"step": step, "config": _as_json(config), "history": asdict(history)}
@@ -220,6 +230,9 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = lr
         batch = next_batch(generator)
+        if count_tokens(batch) == 0:
+            raise ValueError(f"the batch of step {step} has no counted target (every target "
+                             f"is IGNORE_INDEX = {IGNORE_INDEX}): there is no loss to minimise")
         loss = loss_fn(model, batch, config.label_smoothing)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"the loss became {loss.item()} at step {step}: lower "
@@ -250,6 +263,56 @@ def train(
     bar.close()
     history.seconds += time.perf_counter() - began
     return history
+
+
+PER_STEP = ("step", "loss", "lr", "grad_norm", "tokens")  # History lists with one entry a step
+
+
+def _resume_state(loop: dict[str, Any], config: TrainConfig, where: str | Path
+                  ) -> tuple[int, History]:
+    """The checkpoint's step and History, checked: a step inside the run, every History field
+    and no other, one entry per step done, numbers in the lists."""
+    expected = {"step", "config", "history"}
+    if set(loop) != expected:
+        raise ValueError(f"the loop state in {where} must have the keys {sorted(expected)}, "
+                         f"got {sorted(loop)}")
+    step = loop["step"]
+    if not is_int(step) or not 1 <= step <= config.steps:
+        raise ValueError(f"the checkpoint in {where} is at step {step!r}, outside the run "
+                         f"[1, {config.steps}]")
+    saved = loop["history"]
+    names = {f.name for f in dataclasses.fields(History)}
+    if not isinstance(saved, dict) or set(saved) != names:
+        got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"the history in {where} must have the fields {sorted(names)}, "
+                         f"got {got}")
+    for name in names - {"seconds"}:
+        values = saved[name]
+        if not isinstance(values, list) or not all(is_number(v) for v in values):
+            raise ValueError(f"the history in {where}: {name} must be a list of numbers, "
+                             f"got {values!r:.60}")
+    lengths = {name: len(saved[name]) for name in PER_STEP}
+    if set(lengths.values()) != {step} or len(saved["eval_step"]) != len(saved["eval_loss"]):
+        raise ValueError(f"the history in {where} does not fit step {step}: per-step lengths "
+                         f"{lengths}, {len(saved['eval_step'])} eval steps and "
+                         f"{len(saved['eval_loss'])} eval losses")
+    if not is_number(saved["seconds"]):
+        raise ValueError(f"the history in {where}: seconds must be a number, "
+                         f"got {saved['seconds']!r}")
+    return step, History(**saved)
+
+
+def _restore_rng(rng: dict[str, Tensor], generator: torch.Generator, where: str | Path) -> None:
+    """Set the batch generator and torch's global generator from a checkpoint's states."""
+    if set(rng) != {"data", "torch"}:
+        raise ValueError(f"the checkpoint in {where} must hold the random states 'data' and "
+                         f"'torch', got {sorted(rng)}")
+    try:
+        generator.set_state(rng["data"])
+        torch.set_rng_state(rng["torch"])
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"the random states in {where} do not fit a CPU generator: "
+                         f"{error}") from None
 
 
 def _as_json(config: TrainConfig) -> dict[str, Any]:

@@ -1,11 +1,15 @@
 """Learning-rate schedules: the factor that multiplies the base rate at each step.
 
-    warmup_cosine:  lr(t) = lr_max * t / W                                  for t < W
-                    lr(t) = lr_min + (lr_max - lr_min) (1 + cos(pi p)) / 2,  p = (t - W) / (S - W)
-    warmup_linear:  the same warmup, then a straight line from lr_max down to lr_min
-    inverse_sqrt:   lr(t) = C^-1/2 * min(t^-1/2, t * W^-3/2)   (Vaswani et al. 2017, eq. 3)
+    warmup_cosine:  lr(t) = lr_max * (t + 1) / W                            for t < W
+                    lr(t) = lr_min + (lr_max - lr_min) (1 + cos(pi p)) / 2,
+                    p = (t - W) / (S - 1 - W)                               for t >= W
+    warmup_linear:  the same warmup, then lr_max - (lr_max - lr_min) (t - W) / (S - W)
+    inverse_sqrt:   lr(n) = C^-1/2 * min(n^-1/2, n * W^-3/2),  n = t + 1   (Vaswani et al.
+                    2017, eq. 3)
 
-Steps t count from 0 here, and the inverse square root uses t + 1 (its formula counts from 1).
+Steps t count from 0 (t = 0 .. S - 1), so the warmup's first step already has rate lr_max / W
+and step W - 1 reaches lr_max; the inverse square root's formula counts from 1 (n = t + 1).
+A step must be an int >= 0; steps past the end of the run stay at the floor.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from __future__ import annotations
 import math
 
 from tfbook.config import is_int, is_number
+
+
+def _check_step(step: object) -> None:
+    if not is_int(step) or step < 0:
+        raise ValueError(f"step must be an int >= 0 (steps count from 0), got {step!r}")
 
 
 def _check(total: object = None, warmup: object = 0, min_ratio: object = 0.0) -> None:
@@ -30,6 +39,7 @@ def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float = 0.1) ->
     """Multiplier in [min_ratio, 1]: linear from 1/W up to 1 over W steps, then half a cosine
     down to min_ratio at the last step. warmup_cosine(0, 100, 10) = 0.1."""
     _check(total, warmup, min_ratio)
+    _check_step(step)
     if step < warmup:
         return (step + 1) / warmup
     progress = (step - warmup) / max(1, total - 1 - warmup)  # 0 -> 1 over the decay
@@ -42,6 +52,7 @@ def warmup_linear(step: int, total: int, warmup: int, min_ratio: float = 0.0) ->
     p = (t - W) / (S - W), reaching min_ratio + (1 - min_ratio) / (S - W) at the last step.
     With W = 0 and min_ratio = 0 it is 1 - t / S."""
     _check(total, warmup, min_ratio)
+    _check_step(step)
     if step < warmup:
         return (step + 1) / warmup
     progress = min((step - warmup) / (total - warmup), 1.0)
@@ -52,6 +63,7 @@ def inverse_sqrt(step: int, d_model: int, warmup: int = 4000) -> float:
     """Vaswani et al.'s rate itself (not a multiplier): C^-1/2 min(n^-1/2, n W^-3/2), n = t + 1.
     It rises linearly for W steps, peaks at (C W)^-1/2, then falls as 1/sqrt(n)."""
     _check(None, warmup)
+    _check_step(step)
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 for the inverse square root, got {warmup}")
     if not is_int(d_model) or d_model < 1:
