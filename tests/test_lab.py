@@ -123,6 +123,7 @@ def lab(tmp_path_factory):
                f"--port={port}", "--ServerApp.ip=127.0.0.1", "--IdentityProvider.token=",
                "--ServerApp.password=", f"--ServerApp.root_dir={folder / 'book'}",
                f"--LabApp.app_settings_dir={settings}",
+               f"--LabApp.workspaces_dir={folder / 'workspaces'}",  # no tab of an earlier run
                "--LabApp.expose_app_in_browser=True", "--allow-root"]
     with open(log, "w") as out:
         lab = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -142,7 +143,7 @@ def lab(tmp_path_factory):
 def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab) -> None:
     lab_url, _ = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(lab_url + "lab/tree/intro.md")
+    page.goto(lab_url + "lab/tree/intro.md?reset")  # this chapter alone
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=KERNEL_MS)  # a notebook, not text
     page.wait_for_function(KERNEL_IDLE, timeout=KERNEL_MS)
     page.wait_for_selector(".jp-NotebookPanel-toolbar "
@@ -157,10 +158,26 @@ def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab) -> None:
     title = widget.locator("div").first
     page.wait_for_function("(t) => t.textContent.includes('x 64 dimensions')",
                            arg=title.element_handle(), timeout=LIVE_MS)
+    # the widget says when Python is computing: record the states its root goes through
+    widget.evaluate("""(root) => {
+      window.tfwStates = [root.dataset.python];
+      new MutationObserver(() => window.tfwStates.push(root.dataset.python))
+        .observe(root, { attributes: true, attributeFilter: ["data-python"] });
+    }""")
     widget.locator("input[aria-label=d_model]").fill("16")
     recompute.click()
     page.wait_for_function("(t) => t.textContent.includes('x 16 dimensions')",
                            arg=title.element_handle(), timeout=LIVE_MS)
+    page.wait_for_function("(r) => r.dataset.python === 'live'", arg=widget.element_handle(),
+                           timeout=LIVE_MS)
+    assert page.evaluate("window.tfwStates") == ["live", "busy", "live"]
+    # Kernel > Restart: the widget says it lost its Python and how to get a live one back
+    page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+                  ".kernel.restart()")
+    page.wait_for_function("(r) => r.dataset.python === 'gone'", arg=widget.element_handle(),
+                           timeout=LIVE_MS)
+    assert "Run its cell again" in widget.inner_text()
+    assert recompute.is_disabled()
     page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
     page.close()
 
@@ -172,7 +189,7 @@ def test_an_opened_chapter_saves_unchanged_and_no_news_prompt(browser, lab) -> N
     chapter = "learning/in_your_browser.md"
     before = (book / chapter).read_bytes()
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(lab_url + "lab/tree/" + chapter)
+    page.goto(lab_url + "lab/tree/" + chapter + "?reset")  # this chapter alone
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=KERNEL_MS)
     page.wait_for_function(KERNEL_IDLE, timeout=KERNEL_MS)
     page.wait_for_function("""() => {

@@ -558,9 +558,9 @@ def test_node_runs_the_page_computation() -> None:
     """gpt.js in Node.js (what the chapter uses): ids, logits and weights equal PyTorch's."""
     from tfbook.widgets.page_model import run_in_node
 
-    torch.manual_seed(0)
-    model = GPT(replace(GPTConfig.tiny(), vocab_size=300, max_len=32)).eval()
     tokenizer = BPETokenizer.train("the cat sat on the mat " * 20, 300, keep_trace=False)
+    torch.manual_seed(0)  # (the short text has fewer than 300 - 256 merges to learn)
+    model = GPT(replace(GPTConfig.tiny(), vocab_size=tokenizer.vocab_size, max_len=32)).eval()
     text = "the cat — élan 中文 🙂 <b>"
     out = run_in_node(export_page_model(model, tokenizer, "float32"), text)
     ids = tokenizer.encode_ordinary(text)
@@ -572,3 +572,142 @@ def test_node_runs_the_page_computation() -> None:
         assert (ours - theirs[0]).abs().max() < 1e-5
     with pytest.raises(ValueError, match="non-empty str"):
         run_in_node(export_page_model(model, tokenizer, "float32"), "")
+
+
+# --- Bad input: vocabularies, budgets, shapes; token labels and the byte-order mark ------
+
+
+def test_a_padded_vocabulary_is_refused_at_export(bpe: BPETokenizer) -> None:
+    """A model with more ids than its tokenizer has tokens (a vocabulary padded to a round
+    size) would let the page's sampler draw an id with no text: refused, with the numbers."""
+    with pytest.raises(ValueError, match=f"vocab_size is {bpe.vocab_size + 64} but its "
+                                         f"tokenizer has {bpe.vocab_size} tokens.*the 64 ids"):
+        export_page_model(random_gpt(bpe.vocab_size + 64), bpe)
+
+
+def test_the_budget_is_checked_before_encoding(bpe: BPETokenizer, monkeypatch) -> None:
+    """The payload's size is estimated from the parameter counts (a lower bound of the real
+    size), and a model over the budget is refused before anything is encoded, with advice
+    that fits its dtype: a smaller dtype when one fits, else a smaller model."""
+    from tfbook.widgets import page_model
+
+    for dtype in ("float32", "float16", "int8"):
+        estimate = page_model.estimated_payload_bytes(model_of(bpe), dtype)
+        real = payload_bytes(export_page_model(model_of(bpe), bpe, dtype))
+        assert estimate <= real < estimate + 4 * bpe.vocab_size + 200_000  # + the tokenizer
+    wide = GPT(replace(GPTConfig.tiny(), vocab_size=bpe.vocab_size, d_model=384, n_heads=6,
+                       n_layers=1))  # ~2.1 M parameters: float32 and float16 too big, int8 fits
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("the payload was encoded before the budget was checked")
+
+    monkeypatch.setattr(page_model, "export_page_model", no_encoding)
+    with pytest.raises(ValueError, match=r"at least [\d,]+ bytes in float32.*dtype 'int8' "
+                                         r"would take about [\d,]+"):
+        page_model.page_payload(wide, bpe, "float32")
+    with pytest.raises(ValueError, match=r"in float16.*dtype 'int8' would take about"):
+        page_model.page_payload(wide, bpe, "float16")
+    huge = GPT(replace(GPTConfig.tiny(), vocab_size=bpe.vocab_size, d_model=1024, n_heads=8,
+                       n_layers=1))  # ~12.9 M parameters: nothing fits
+    with pytest.raises(ValueError, match=r"in int8.*no storage type fits it \(int8 takes "
+                                         r"about [\d,]+\): use a smaller model"):
+        page_model.page_payload(huge, bpe, "int8")
+
+
+def model_of(bpe: BPETokenizer) -> GPT:
+    return random_gpt(bpe.vocab_size)
+
+
+@pytest.mark.parametrize("where, shape, message", [
+    ("norm_f.weight", [-64], "expected a shape of one or two positive ints"),
+    ("norm_f.weight", [64.0], "expected a shape of one or two positive ints"),
+    ("norm_f.weight", [True], "expected a shape of one or two positive ints"),
+    ("norm_f.weight", [2, 2, 16], "expected a shape of one or two positive ints"),
+    ("tok_emb.weight", [64, 320], r"its config needs shape \[320, 64\], the payload says "
+                                  r"\[64, 320\]"),
+    ("blocks.0.ff.fc_in.weight", [64, 256], r"needs shape \[256, 64\]"),
+])
+def test_weights_of_impossible_shapes_are_refused(model: GPT, bpe: BPETokenizer, where: str,
+                                                   shape: list, message: str) -> None:
+    """In Python (page_weights) and in the page (PageGPT): a shape that is not one or two
+    positive ints, or not the one the config needs (same number of values, transposed)."""
+    payload = export_page_model(model, bpe, "float32")
+    payload["weights"][where]["shape"] = shape
+    with pytest.raises(ValueError, match=message):
+        page_weights(payload)
+    if shape == [64.0]:
+        return  # JSON has one kind of number: 64.0 reaches the page as the integer 64
+    with pytest.raises(RuntimeError, match=message.replace("ints", "integers")):
+        node_eval(payload, "new PageGPT(payload)")
+
+
+def test_a_payload_with_missing_or_extra_weights_is_refused(model: GPT, bpe: BPETokenizer) -> None:
+    payload = export_page_model(model, bpe, "float16")
+    payload["weights"]["extra.weight"] = payload["weights"].pop("norm_f.bias")
+    with pytest.raises(ValueError, match=r"weights must be exactly \[.*'norm_f.bias'.*got \["):
+        page_weights(payload)
+    payload = export_page_model(model, bpe, "float16")
+    payload["config"]["n_layers"] = 0
+    with pytest.raises(ValueError, match="a payload config needs positive ints"):
+        page_weights(payload)
+
+
+NODE_EVAL = r"""
+const fs = require("fs"), vm = require("vm");
+vm.runInThisContext(fs.readFileSync(process.argv[1], "utf8") + "\nglobalThis.PageGPT = PageGPT;"
+                    + "\nglobalThis.PageTokenizer = PageTokenizer;");
+const { payload, expression } = JSON.parse(fs.readFileSync(0, "utf8"));
+try {
+  process.stdout.write(JSON.stringify(eval(expression)));
+} catch (error) {
+  process.stderr.write(error.message);
+  process.exit(1);
+}
+"""
+
+
+def node_eval(payload: dict, expression: str):
+    """Evaluate `expression` in Node.js with gpt.js loaded and `payload` defined; an error
+    thrown there is a RuntimeError with its message."""
+    import subprocess
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("these tests need Node.js (apt-get install nodejs), not found")
+    done = subprocess.run([node, "-e", NODE_EVAL, str(STATIC / "gpt.js")], capture_output=True,
+                          input=json.dumps({"payload": payload, "expression": expression}),
+                          text=True, encoding="utf-8")
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return json.loads(done.stdout)
+
+
+def test_pieces_of_a_character_show_as_hex_as_in_python(bpe: BPETokenizer) -> None:
+    """Every token of the multilingual tokenizer (merges that cut 4-byte emoji and 3-byte CJK
+    characters) has the same label in the page as token_label gives in Python: whole
+    characters as text, pieces in hex between ‹ ›, never U+FFFD."""
+    from tfbook.widgets.page_model import token_label
+
+    labels = [token_label(bpe, i) for i in range(bpe.vocab_size)]
+    assert token_label(bpe, 0xF0) == "‹f0›" and token_label(bpe, ord("a")) == "a"
+    pieces = [label for label in labels if "‹" in label]
+    assert len(pieces) > 20 and not any("\ufffd" in label for label in labels)
+    tokens = {"tokenizer": page_tokenizer(bpe)}
+    page = node_eval(tokens, "Array.from({ length: payload.tokenizer.vocab_size }, (_, i) => "
+                            "new PageTokenizer(payload.tokenizer).tokenText(i))")
+    assert page == labels
+
+
+def test_a_leading_byte_order_mark_is_kept() -> None:
+    """U+FEFF at the start of a text is a character: encoded and decoded back by the page as by
+    Python (a TextDecoder without ignoreBOM would drop it), and shown as a token."""
+    tok = BPETokenizer({}, GPT4_SPLIT_PATTERN)
+    text = "\ufeffhello \ufeff"
+    ids = tok.encode_ordinary(text)
+    assert tok.decode(ids) == text
+    page = node_eval({"tokenizer": page_tokenizer(tok)}, f"""(() => {{
+      const t = new PageTokenizer(payload.tokenizer);
+      const ids = t.encode({json.dumps(text)});
+      return [ids, t.decode(ids), t.decode(ids.slice(0, 3))];
+    }})()""")
+    assert page == [ids, text, "\ufeff"]

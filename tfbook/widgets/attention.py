@@ -46,6 +46,7 @@ from tfbook.widgets.page_model import (
     page_payload,
     payload_json,
     quantised_reference,
+    token_label,
 )
 
 # The script of a widget that carries a model: gpt.js (the forward pass) before attention.js.
@@ -129,7 +130,7 @@ def gpt_attention_example(model: GPT, tokenizer: BPETokenizer, text: str,
     finally:
         model.train(was_training)
     weights = torch.stack(attentions)[:, 0]  # L x (1, H, T, T) -> (L, H, T, T)
-    tokens = [tokenizer.id_to_token(i) for i in ids]
+    tokens = [token_label(tokenizer, i) for i in ids]  # pieces of a character in hex
     return AttentionExample(text if name is None else name, tokens, weights, note=note)
 
 

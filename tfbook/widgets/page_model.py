@@ -139,11 +139,22 @@ def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
     return entry
 
 
+def entry_shape(name: str, entry: object) -> list[int]:
+    """A payload entry's shape, checked: one or two positive ints (a vector or a matrix)."""
+    shape = entry.get("shape") if isinstance(entry, dict) else None
+    if (not isinstance(shape, list) or not 1 <= len(shape) <= 2 or any(
+            not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in shape)):
+        raise ValueError(f"weight {name}: expected a shape of one or two positive ints (a "
+                         f"vector or a matrix), got {shape!r:.60}")
+    return shape
+
+
 def dequantise(name: str, entry: dict[str, Any]) -> Tensor:
     """A payload entry back to a float32 tensor, computed as gpt.js computes it (q * scale
     rounded once to float32); a malformed entry is a ValueError naming the weight."""
+    shape = entry_shape(name, entry)
     try:
-        shape, stored = [int(n) for n in entry["shape"]], entry["dtype"]
+        stored = entry["dtype"]
         data = base64.b64decode(entry["data"], validate=True)
         kind = {"float32": "<f4", "float16": "<f2", "int8": "i1"}[stored]
         values = np.frombuffer(data, dtype=kind).astype("<f4").reshape(shape)
@@ -162,7 +173,44 @@ def page_weights(payload: dict[str, Any]) -> dict[str, Tensor]:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"expected a payload of export_page_model (format {FORMAT!r}), got "
                          f"{type(payload).__name__}")
-    return {name: dequantise(name, entry) for name, entry in payload["weights"].items()}
+    expected = page_shapes(payload.get("config"))
+    weights = payload.get("weights")
+    if not isinstance(weights, dict) or set(weights) != set(expected):
+        names = sorted(weights) if isinstance(weights, dict) else weights
+        raise ValueError(f"the payload's weights must be exactly {sorted(expected)} for its "
+                         f"config, got {names!r:.300}")
+    for name, entry in weights.items():
+        shape = entry_shape(name, entry)
+        if shape != expected[name]:
+            raise ValueError(f"weight {name}: its config needs shape {expected[name]}, the "
+                             f"payload says {shape!r:.60}")
+    return {name: dequantise(name, entry) for name, entry in weights.items()}
+
+
+def page_shapes(config: object) -> dict[str, list[int]]:
+    """The names and shapes of the weights a payload config needs (C width, T context, V
+    vocab, F feed-forward width), as gpt.js reads them."""
+    fields = {"d_model", "n_heads", "n_layers", "d_ff", "max_len", "vocab_size"}
+    if not isinstance(config, dict) or any(
+            not isinstance(config.get(f), int) or isinstance(config.get(f), bool)
+            or config[f] < 1 for f in fields):
+        raise ValueError(f"a payload config needs positive ints {sorted(fields)}, got "
+                         f"{config!r:.200}")
+    C, T, V, F = config["d_model"], config["max_len"], config["vocab_size"], config["d_ff"]
+    linear = {  # name -> (out, in)
+        **{f"attn.{p}": (C, C) for p in ("q_proj", "k_proj", "v_proj", "out_proj")},
+        "ff.fc_in": (F, C), "ff.fc_out": (C, F)}
+    bias = config.get("bias", True)  # False: no linear or LayerNorm biases
+    shapes = {"tok_emb.weight": [V, C], "pos_emb.weight": [T, C], "norm_f.weight": [C]}
+    if bias:
+        shapes["norm_f.bias"] = [C]
+    for layer in range(config["n_layers"]):
+        p = f"blocks.{layer}."
+        for name, shape in {**linear, "norm1": (C,), "norm2": (C,)}.items():
+            shapes[p + name + ".weight"] = list(shape)
+            if bias:
+                shapes[p + name + ".bias"] = [shape[0]]
+    return shapes
 
 
 def quantised_reference(model: GPT, dtype: str = "float16") -> GPT:
@@ -219,6 +267,37 @@ def page_tokenizer(tokenizer: BPETokenizer) -> dict[str, Any]:
             "vocab_size": tokenizer.vocab_size}
 
 
+def token_label(tokenizer: BPETokenizer, token_id: int) -> str:
+    """A token as text for display, as the page shows it (gpt.js `tokenText`): whole UTF-8
+    characters as text, bytes that are only a piece of a character in hex between ‹ ›.
+
+    >>> token_label(BPETokenizer({}), 0xF0)  # the first byte of a 4-byte character
+    '‹f0›'
+    """
+    data = tokenizer.decode_bytes([token_id])
+    text, piece, i = [], [], 0
+    while i < len(data):
+        lead = data[i]
+        n = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else (
+            4 if lead >> 3 == 30 else 0)
+        try:
+            character = data[i:i + n].decode("utf-8") if n and i + n <= len(data) else None
+        except UnicodeDecodeError:
+            character = None  # bad continuation bytes, overlong form, surrogate
+        if character is None:
+            piece.append(data[i])
+            i += 1
+            continue
+        if piece:
+            text.append("‹" + " ".join(f"{b:02x}" for b in piece) + "›")
+            piece = []
+        text.append(character)
+        i += n
+    if piece:
+        text.append("‹" + " ".join(f"{b:02x}" for b in piece) + "›")
+    return "".join(text)
+
+
 def export_page_model(model: GPT, tokenizer: BPETokenizer, dtype: str = "float16") -> dict:
     """A GPT and its tokenizer as a JSON-ready payload for static/gpt.js (see the module)."""
     check_page_model(model)
@@ -228,6 +307,11 @@ def export_page_model(model: GPT, tokenizer: BPETokenizer, dtype: str = "float16
     if tokens["vocab_size"] > config.vocab_size:
         raise ValueError(f"the tokenizer makes ids up to {tokens['vocab_size'] - 1}, beyond the "
                          f"model's vocab_size {config.vocab_size}")
+    if tokens["vocab_size"] < config.vocab_size:  # a vocabulary padded (e.g. to a multiple of 64)
+        raise ValueError(f"the model's vocab_size is {config.vocab_size} but its tokenizer has "
+                         f"{tokens['vocab_size']} tokens: the page's sampler could draw one of "
+                         f"the {config.vocab_size - tokens['vocab_size']} ids no text belongs "
+                         f"to; export a model whose vocab_size equals the tokenizer's")
     d_ff = config.block_config().d_ff
     return {
         "format": FORMAT, "version": VERSION, "dtype": dtype,
@@ -256,15 +340,53 @@ GPT_JS = Path(__file__).resolve().parent / "static" / "gpt.js"
 MAX_PAGE_MODEL_BYTES = 3_000_000  # the budget of model data in one page
 
 
+def estimated_payload_bytes(model: GPT, dtype: str) -> int:
+    """The bytes of the weights in the payload, from the parameter counts alone (before any
+    encoding): base64 of 4, 2 or 1 bytes a number (matrices; vectors stay float32), plus a
+    float32 scale per row of an int8 matrix. A lower bound of payload_bytes."""
+    check_dtype(dtype)
+    width = {"float32": 4, "float16": 2, "int8": 1}[dtype]
+    total = 0
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied: it is tok_emb.weight
+        if tensor.dim() == 2:
+            total += 4 * -(-tensor.numel() * width // 3)  # base64: 4 characters per 3 bytes
+            if dtype == "int8":
+                total += 4 * -(-tensor.shape[0] * 4 // 3)
+        else:
+            total += 4 * -(-tensor.numel() * 4 // 3)
+    return total
+
+
 def page_payload(model: GPT, tokenizer: BPETokenizer, dtype: str = "float16") -> dict:
-    """export_page_model, refused with a clear error when it exceeds the page's budget."""
+    """export_page_model, refused with a clear error when it exceeds the page's budget: from
+    the parameter count before anything is encoded, then from the payload's real size."""
+    check_page_model(model)
+    check_dtype(dtype)
+    estimate = estimated_payload_bytes(model, dtype)
+    if estimate > MAX_PAGE_MODEL_BYTES:
+        raise ValueError(f"the page model takes at least {estimate:,} bytes in {dtype}, more "
+                         f"than the {MAX_PAGE_MODEL_BYTES:,} a page may hold: "
+                         f"{_budget_advice(model, dtype)}")
     payload = export_page_model(model, tokenizer, dtype)
     size = payload_bytes(payload)
     if size > MAX_PAGE_MODEL_BYTES:
         raise ValueError(f"the page model takes {size:,} bytes in {dtype}, more than the "
-                         f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: use a smaller model or "
-                         f"dtype 'int8'")
+                         f"{MAX_PAGE_MODEL_BYTES:,} a page may hold: "
+                         f"{_budget_advice(model, dtype)}")
     return payload
+
+
+def _budget_advice(model: GPT, dtype: str) -> str:
+    """What would fit: a smaller storage type if one does, else a smaller model."""
+    for smaller in DTYPES[DTYPES.index(dtype) + 1:]:
+        if estimated_payload_bytes(model, smaller) <= MAX_PAGE_MODEL_BYTES:
+            return f"dtype {smaller!r} would take about " \
+                   f"{estimated_payload_bytes(model, smaller):,}"
+    return ("no storage type fits it (int8 takes about "
+            f"{estimated_payload_bytes(model, 'int8'):,}): use a smaller model (fewer or "
+            "narrower layers, a smaller vocabulary)")
 
 
 def gpt_js_script_safe() -> str:

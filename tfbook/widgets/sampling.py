@@ -52,6 +52,7 @@ from tfbook.widgets.page_model import (
     page_payload,
     payload_json,
     quantised_reference,
+    token_label,
 )
 
 MAX_TOP_N = 200  # candidates per step: the page draws one bar for each
@@ -329,8 +330,10 @@ def page_generation(model: GPT, tokenizer: BPETokenizer, prompt: str, max_new_to
             step_input = torch.tensor([chosen[-1:]])  # (1, 1): one new position
     finally:
         model.train(was_training)
-    tokens = [tokenizer.id_to_token(i) for i in ids]
-    return (tokens, torch.stack(step_logits), chosen, tokenizer.id_to_token), dropped
+    def text(i: int) -> str:  # as the page shows a token: pieces of a character in hex
+        return token_label(tokenizer, i)
+
+    return ([text(i) for i in ids], torch.stack(step_logits), chosen, text), dropped
 
 
 class SamplingWidget(Widget):

@@ -49,7 +49,13 @@ function halfToFloat(bits) {
 /** One payload entry {shape, dtype, data[, scale]} -> Float32Array, as page_model.dequantise:
  *  float32 as is, float16 widened, int8 times its row's scale (rounded once to float32). */
 function decodeWeight(name, entry) {
-  const size = entry.shape.reduce((a, b) => a * b, 1);
+  const shape = entry && entry.shape;
+  if (!Array.isArray(shape) || shape.length < 1 || shape.length > 2 ||
+      !shape.every((n) => Number.isInteger(n) && n >= 1)) {
+    throw new Error(`weight ${name}: expected a shape of one or two positive integers (a ` +
+                    `vector or a matrix), got ${JSON.stringify(shape)}`);
+  }
+  const size = shape.reduce((a, b) => a * b, 1);
   const bytes = base64Bytes(entry.data);
   const view = new DataView(bytes.buffer);
   const out = new Float32Array(size);
@@ -263,27 +269,40 @@ class PageGPT {
     for (const [name, entry] of Object.entries(payload.weights)) {
       this.weights[name] = decodeWeight(name, entry);
     }
-    const need = (name) => {
+    // every weight has the shape the config needs (as page_model.page_shapes): C width,
+    // T context, V vocab, F feed-forward width
+    const { d_model: C, max_len: T, vocab_size: V, d_ff: F } = this.config;
+    const need = (name, shape) => {
       if (!this.weights[name]) throw new Error(`the payload has no weight ${name}`);
+      if (JSON.stringify(payload.weights[name].shape) !== JSON.stringify(shape)) {
+        throw new Error(`weight ${name}: its config needs shape [${shape.join(", ")}], ` +
+                        `the payload says [${payload.weights[name].shape.join(", ")}]`);
+      }
       return this.weights[name];
     };
-    need("tok_emb.weight");
-    need("pos_emb.weight");
-    const linearOf = (prefix) => ({
-      weight: need(prefix + ".weight"),
-      bias: this.config.bias ? need(prefix + ".bias") : null,  // bias=False: none
+    need("tok_emb.weight", [V, C]);
+    need("pos_emb.weight", [T, C]);
+    const linearOf = (prefix, nOut, nIn) => ({
+      weight: need(prefix + ".weight", nIn === undefined ? [nOut] : [nOut, nIn]),
+      bias: this.config.bias ? need(prefix + ".bias", [nOut]) : null,  // bias=False: none
     });
+    const normOf = (prefix) => linearOf(prefix, C);  // a gain and (with bias) a bias
     this.blocks = Array.from({ length: this.config.n_layers }, (_, i) => {
       const p = `blocks.${i}.`;
       return {
-        norm1: linearOf(p + "norm1"), norm2: linearOf(p + "norm2"),
-        attn: { q_proj: linearOf(p + "attn.q_proj"), k_proj: linearOf(p + "attn.k_proj"),
-                v_proj: linearOf(p + "attn.v_proj"), out_proj: linearOf(p + "attn.out_proj") },
-        ff: { fc_in: linearOf(p + "ff.fc_in"), fc_out: linearOf(p + "ff.fc_out") },
+        norm1: normOf(p + "norm1"), norm2: normOf(p + "norm2"),
+        attn: { q_proj: linearOf(p + "attn.q_proj", C, C), k_proj: linearOf(p + "attn.k_proj", C, C),
+                v_proj: linearOf(p + "attn.v_proj", C, C),
+                out_proj: linearOf(p + "attn.out_proj", C, C) },
+        ff: { fc_in: linearOf(p + "ff.fc_in", F, C), fc_out: linearOf(p + "ff.fc_out", C, F) },
       };
     });
-    this.norm_f = linearOf("norm_f");
+    this.norm_f = normOf("norm_f");
     this.tokenizer = new PageTokenizer(payload.tokenizer);
+    if (payload.tokenizer.vocab_size !== V) {  // an id the sampler draws must have a text
+      throw new Error(`the model's vocab_size is ${V} but its tokenizer has ` +
+                      `${payload.tokenizer.vocab_size} tokens`);
+    }
   }
 
   /** An empty key/value cache with room for `maxLen` positions (default: the context). */
@@ -478,6 +497,40 @@ function mergeByRank(ids, merges, size) {
 
 /** Byte-level BPE encode and decode, as BPETokenizer.encode_ordinary (special tokens are
  *  plain text) and decode (bytes that are not UTF-8 show as U+FFFD). */
+/** A token's bytes as text for display, as the BPE widgets show them (tokenspans.js
+ *  bytesLabel) and Python's token_label: whole UTF-8 characters as text, bytes that are only
+ *  a piece of a character in hex between ‹ ›, e.g. [32, 240, 159] -> " ‹f0 9f›". */
+function pageTokenLabel(bytes) {
+  const strict = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+  let text = "", piece = [];
+  const flush = () => {
+    if (piece.length) text += `‹${piece.map((b) => b.toString(16).padStart(2, "0")).join(" ")}›`;
+    piece = [];
+  };
+  for (let i = 0; i < bytes.length;) {
+    const lead = bytes[i];
+    const n = lead < 0x80 ? 1 : lead >> 5 === 6 ? 2 : lead >> 4 === 14 ? 3 : lead >> 3 === 30 ? 4 : 0;
+    let character = null;
+    if (n && i + n <= bytes.length) {
+      try {
+        character = strict.decode(bytes.subarray(i, i + n));
+      } catch (error) {
+        character = null;  // bad continuation bytes, overlong form, surrogate
+      }
+    }
+    if (character === null) {
+      piece.push(bytes[i]);
+      i += 1;
+    } else {
+      flush();
+      text += character;
+      i += n;
+    }
+  }
+  flush();
+  return text;
+}
+
 class PageTokenizer {
   constructor(spec) {
     if (!spec || spec.kind !== "bpe") {
@@ -501,7 +554,8 @@ class PageTokenizer {
     this.split = spec.split && new RegExp(
       spec.split.source.replace(/\{(L|N|WS)\}/g, (_, name) => spec.split.classes[name]), "gu");
     this.encoder = new TextEncoder();
-    this.decoder = new TextDecoder("utf-8");  // not fatal: bad bytes become U+FFFD
+    // not fatal: bad bytes become U+FFFD; a leading byte-order mark is text, kept as Python keeps it
+    this.decoder = new TextDecoder("utf-8", { ignoreBOM: true });
   }
 
   /** text -> ids; a lone surrogate (no UTF-8 form) is an Error, as Python's check_text. */
@@ -537,8 +591,8 @@ class PageTokenizer {
     return this.decoder.decode(bytes);
   }
 
-  /** One token as text, for display (a part of a UTF-8 character shows as U+FFFD). */
+  /** One token as text, for display (a piece of a UTF-8 character shows as hex, ‹f0 9f›). */
   tokenText(id) {
-    return this.decoder.decode(this.tokenBytes(id));
+    return pageTokenLabel(this.tokenBytes(id));
   }
 }

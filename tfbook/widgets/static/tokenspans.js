@@ -30,7 +30,8 @@ function hexBytes(bytes) {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ");
 }
 
-const STRICT_UTF8 = new TextDecoder("utf-8", { fatal: true });
+// ignoreBOM: a token that is a byte-order mark (ef bb bf) is a character, not a signature
+const STRICT_UTF8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
 /** Length of the UTF-8 sequence that starts at bytes[i], or 0 if none does. */
 function utf8Length(bytes, i) {
