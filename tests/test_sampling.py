@@ -1,8 +1,13 @@
-"""Decoding rules: equal to Hugging Face's warpers and sampling step bit for bit, and properties.
+"""Decoding rules: equal to Hugging Face's processors and sampling step bit for bit, and properties.
 
 References: transformers 5.23's `TemperatureLogitsWarper`, `TopKLogitsWarper`,
-`TopPLogitsWarper`, the processor list `generate` builds (`_get_logits_processor`), and a tiny
-randomly initialised GPT-2 run through `generate(do_sample=True)` (nothing is downloaded).
+`TopPLogitsWarper`, `MinPLogitsWarper`, `RepetitionPenaltyLogitsProcessor`, the processor list
+`generate` builds (`_get_logits_processor`), and a tiny randomly initialised GPT-2 run through
+`generate(do_sample=True)` (nothing is downloaded). The frequency and presence penalties have
+no HF processor: they are checked against OpenAI's formula written out token by token.
+Every comparison here is elementwise arithmetic (no sum whose order could change), except the
+softmax inside top-p and min-p, which both sides compute with the same torch call on the same
+tensor in the same process: bit-equal under any thread count and CPU kernel.
 """
 
 import math
@@ -15,17 +20,23 @@ from hypothesis import strategies as st
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
 from tfbook.generate.sampling import (
+    apply_frequency_presence_penalty,
+    apply_penalties,
+    apply_repetition_penalty,
     apply_temperature,
     entropy,
     filter_logits,
     greedy,
     kept_distribution,
+    min_p_filter,
     next_token,
     sample,
     top_k_filter,
@@ -168,6 +179,73 @@ def test_chain_equals_the_processor_list_generate_builds(tiny_gpt2, kind, temper
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3, 1.0])
+@pytest.mark.parametrize("m", [1, 3])
+def test_min_p_equals_hf(kind, min_p, m):
+    x = make_logits(kind)
+    ref = hf([MinPLogitsWarper(min_p, min_tokens_to_keep=m)], x)
+    assert torch.equal(min_p_filter(x, min_p, m), ref)
+
+
+def test_min_p_keeps_more_where_the_model_is_unsure():
+    flat, sharp = torch.zeros(1, 100), torch.zeros(1, 100)
+    sharp[0, 0] = 10.0  # one token holds nearly all the mass
+    assert int(kept(min_p_filter(flat, 0.1)).sum()) == 100
+    assert int(kept(min_p_filter(sharp, 0.1)).sum()) == 1
+
+
+def history(kind: str, length: int = 9, seed: int = 1) -> torch.Tensor:
+    """(B, L) ids of earlier tokens for the rows of make_logits(kind), with repeats."""
+    x = make_logits(kind)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, x.size(-1), (x.size(0), length), generator=g)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("penalty", [0.5, 1.0, 1.3, 2.0])
+def test_repetition_penalty_equals_hf(kind, penalty):
+    x, ids = make_logits(kind), history(kind)
+    ref = RepetitionPenaltyLogitsProcessor(penalty)(ids, x.clone())
+    assert torch.equal(apply_repetition_penalty(x, ids, penalty), ref)
+
+
+def test_repetition_penalty_mask_is_hf_prompt_ignore_length():
+    """Padding left out by a mask, as generate leaves out left padding (HF: per-row lengths)."""
+    x, ids = make_logits("random"), history("random")
+    skip = torch.tensor([0, 3, 5, 9])  # leading ids to ignore in each row
+    mask = torch.arange(ids.size(1))[None, :] >= skip[:, None]  # (B, L)
+    ref = RepetitionPenaltyLogitsProcessor(1.4, prompt_ignore_length=skip)(ids, x.clone())
+    assert torch.equal(apply_repetition_penalty(x, ids, 1.4, mask), ref)
+    assert not torch.equal(apply_repetition_penalty(x, ids, 1.4), ref)  # the mask matters
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("frequency", "presence"), [(0.5, 0.0), (0.0, 1.0), (0.3, -0.2)])
+def test_frequency_and_presence_are_openais_formula(kind, frequency, presence):
+    x, ids = make_logits(kind), history(kind, length=12)
+    ours = apply_frequency_presence_penalty(x, ids, frequency, presence)
+    f, p = torch.tensor(frequency), torch.tensor(presence)
+    for b in range(x.size(0)):
+        counts = {}
+        for token in ids[b].tolist():
+            counts[token] = counts.get(token, 0) + 1
+        for j in range(x.size(1)):  # mu_j - c_j * a_freq - [c_j > 0] * a_pres, in float32
+            c = counts.get(j, 0)
+            expected = x[b, j] - f * float(c) - p * float(c > 0)
+            assert torch.equal(ours[b, j], expected), (b, j)
+    assert not torch.equal(ours, x)
+
+
+def test_penalties_chain_repetition_on_everything_then_counts_on_new_tokens():
+    x = torch.zeros(1, 5)
+    ids = torch.tensor([[0, 1, 1, 2, 2, 2]])  # prompt [0, 1], new tokens [1, 2, 2, 2]
+    out = apply_penalties(x + 1.0, ids, repetition_penalty=2.0, frequency_penalty=0.1,
+                          presence_penalty=0.2, prompt_length=2)
+    # token 0: prompt only -> 1/2; token 1: 1/2 - 0.1 - 0.2; token 2: 1/2 - 0.3 - 0.2
+    torch.testing.assert_close(out, torch.tensor([[0.5, 0.2, 0.0, 1.0, 1.0]]), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("m", [2, 5])
 def test_chain_with_min_tokens_to_keep_equals_hf_in_generate_order(kind, m):
     # generate passes min_tokens_to_keep > 1 only to beam sampling; the order is the same
@@ -223,6 +301,35 @@ def test_generate_scores_and_tokens_are_ours(tiny_gpt2, temperature, top_k, top_
         if temperature > 0:
             assert torch.equal(filter_logits(raw, temperature, top_k, top_p), out.scores[step])
         assert torch.equal(next_token(raw, temperature, top_k, top_p), new_tokens[:, step])
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "min_p", "penalty"),
+                         [(0.0, None, None, 1.5), (0.8, None, 0.1, 1.3), (1.2, 20, 0.05, 0.8)])
+def test_generate_with_repetition_penalty_and_min_p_replays_as_ours(tiny_gpt2, temperature,
+                                                                    top_k, min_p, penalty):
+    """HF's generate with its repetition and min-p processors: scores and tokens, replayed."""
+    prompt = torch.randint(0, 256, (3, 4), generator=torch.Generator().manual_seed(2))
+    outputs = dict(max_new_tokens=8, pad_token_id=0, output_scores=True, output_logits=True,
+                   return_dict_in_generate=True, repetition_penalty=penalty)
+    if temperature == 0:
+        config = GenerationConfig(do_sample=False, **outputs)
+    else:
+        config = hf_generation_config(temperature, top_k, None, min_p=min_p, **outputs)
+    torch.manual_seed(123)
+    out = tiny_gpt2.generate(prompt, attention_mask=torch.ones_like(prompt),
+                             generation_config=config)
+    T = prompt.size(1)
+    torch.manual_seed(123)
+    for step, raw in enumerate(out.logits):
+        so_far = out.sequences[:, : T + step]  # (B, T + step): what the penalty reads
+        penalised = apply_penalties(raw, so_far, repetition_penalty=penalty)
+        if temperature > 0:
+            ours = filter_logits(penalised, temperature, top_k, None, min_p=min_p)
+        else:
+            ours = penalised
+        assert torch.equal(ours, out.scores[step])
+        chosen = next_token(penalised, temperature, top_k, None, min_p=min_p)
+        assert torch.equal(chosen, out.sequences[:, T + step])
 
 
 def test_a_generator_leaves_the_global_one_alone_and_greedy_draws_nothing():
@@ -413,6 +520,29 @@ BAD = [
     (lambda: kept_distribution(torch.tensor([[0.0, math.inf]])), ValueError,
      "at least one finite logit and no \\+inf"),
     (lambda: sample(X, generator=0), TypeError, "generator must be a torch.Generator.*int"),
+    (lambda: apply_temperature(X, 1e-40), ValueError,
+     r"temperature 1e-40 is too small for these logits.*overflows torch.float32.*temperature=0"),
+    (lambda: next_token(X, 1e-300), ValueError, r"temperature 1e-300 is too small"),
+    (lambda: min_p_filter(X, 1.5), ValueError, r"min_p must lie in \[0, 1\].*got 1.5"),
+    (lambda: filter_logits(X, min_p="0.1"), TypeError, r"min_p must be a number.*str"),
+    (lambda: apply_repetition_penalty(X, torch.tensor([[1], [2]]), 0.0), ValueError,
+     r"repetition_penalty must be a finite number > 0, got 0.0"),
+    (lambda: apply_repetition_penalty(X, torch.tensor([[1], [2]]), None), TypeError,
+     r"repetition_penalty must be a finite number > 0, got None"),
+    (lambda: apply_repetition_penalty(X, torch.tensor([[1.0], [2.0]]), 1.2), TypeError,
+     r"ids must be an integer tensor .* got dtype torch.float32"),
+    (lambda: apply_repetition_penalty(X, torch.tensor([1, 2]), 1.2), ValueError,
+     r"ids must have shape \(\.\.\., L\) with the leading shape of the logits \(2,\), got \(2,\)"),
+    (lambda: apply_repetition_penalty(X, torch.tensor([[1], [5]]), 1.2), ValueError,
+     r"ids must lie in \[0, V=5\), got 5"),
+    (lambda: apply_frequency_presence_penalty(X, torch.tensor([[1], [2]]), math.inf), ValueError,
+     r"frequency_penalty must be a finite number, got inf"),
+    (lambda: apply_penalties(X, torch.tensor([[1], [2]]), presence_penalty="1"), TypeError,
+     r"presence_penalty must be a finite number, got '1'"),
+    (lambda: apply_penalties(X, torch.tensor([[1], [2]]), prompt_length=2), ValueError,
+     r"prompt_length must be an int in \[0, L=1\], got 2"),
+    (lambda: apply_repetition_penalty(X, torch.tensor([[1], [2]]), 1.2, torch.ones(2, 3)),
+     ValueError, r"mask must be a tensor of the shape of ids \(2, 1\), got \(2, 3\)"),
 ]
 
 

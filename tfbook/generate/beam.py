@@ -36,11 +36,13 @@ from torch import Tensor, nn
 
 from tfbook.config import is_int, is_number
 from tfbook.generate.search import (
+    as_prompt_ids,
+    check_model,
     check_request,
-    left_pad,
     model_vocab_size,
     next_logits,
     positions_from_mask,
+    prompt_batch,
 )
 
 # The score Hugging Face gives a candidate that must not be chosen (a placeholder beam, a
@@ -116,14 +118,16 @@ def beam_search_plain(
     `memory` (1, S, C) makes `model` the decoder of an encoder-decoder.
     """
     _check_num_beams(num_beams)
-    if isinstance(prompt_ids, Tensor):
-        if prompt_ids.dim() != 1:
-            raise ValueError(f"prompt_ids must be one prompt, ids of shape (T,), got shape "
-                             f"{tuple(prompt_ids.shape)}")
-        prompt_ids = prompt_ids.tolist()
-    prompt = [int(t) for t in prompt_ids]
+    check_model(model, memory, False, "beam_search_plain")
+    if isinstance(prompt_ids, Tensor) and prompt_ids.dim() != 1:
+        raise ValueError(f"prompt_ids must be one prompt, ids of shape (T,), got shape "
+                         f"{tuple(prompt_ids.shape)}")
+    prompt = as_prompt_ids(prompt_ids, 0)  # a string or float ids are refused, never rounded
     if not prompt:
         raise ValueError("the prompt must hold at least one token, got an empty prompt")
+    V = model_vocab_size(model)
+    if not all(0 <= t < V for t in prompt):
+        raise ValueError(f"token ids must lie in [0, V={V}), got {prompt}")
     if memory is not None and (memory.dim() != 3 or memory.size(0) != 1):
         raise ValueError(f"memory must be one source, shape (1, S, C), got "
                          f"{tuple(memory.shape)}")
@@ -196,26 +200,6 @@ def _check_length_penalty(length_penalty: float) -> float:
 def _check_early_stopping(early_stopping: bool | str) -> None:
     if not (early_stopping is True or early_stopping is False or early_stopping == "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
-
-
-def _prompt_batch(
-    prompts: Tensor | Sequence[Sequence[int]], attention_mask: Tensor | None, pad_id: int
-) -> tuple[Tensor, Tensor]:
-    """Prompts as ids (B, T) with mask (B, T), or as lists of ids (left-padded here)."""
-    if not isinstance(prompts, Tensor):
-        return left_pad(prompts, pad_id)
-    if prompts.dim() != 2 or prompts.size(1) == 0:
-        raise ValueError(
-            f"prompts must be ids of shape (B, T) with T >= 1, got {tuple(prompts.shape)}"
-        )
-    mask = torch.ones_like(prompts, dtype=torch.bool) if attention_mask is None else (
-        attention_mask.bool())
-    if mask.shape != prompts.shape:
-        raise ValueError(f"attention_mask must have the shape of the prompts "
-                         f"{tuple(prompts.shape)}, got {tuple(mask.shape)}")
-    if not bool(mask.any(dim=1).all()):
-        raise ValueError("every prompt must hold at least one token, got a row of padding only")
-    return prompts.long(), mask
 
 
 def _take(x: Tensor, index: Tensor) -> Tensor:
@@ -292,12 +276,18 @@ def beam_search(
     _check_early_stopping(early_stopping)
     if not is_int(pad_id):
         raise TypeError(f"pad_id must be an int, got {pad_id!r}")
-    ids, mask = _prompt_batch(prompts, attention_mask, pad_id)
+    check_model(model, memory, use_cache, "beam_search")
+    V = model_vocab_size(model)
+    ids, mask = prompt_batch(prompts, attention_mask, pad_id, V)
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
     end_ids = _end_id_list(end_ids)
-    check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids,
-                  model_vocab_size(model))
+    check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids, V)
+    if K > V - len(set(end_ids)):  # the first step extends one beam: V candidates
+        raise ValueError(
+            f"num_beams must be at most the {V - len(set(end_ids))} tokens of the vocabulary "
+            f"(V={V}) that are not end tokens, so that every beam holds a real sequence from "
+            f"the first step; got num_beams={K}")
     B, T = ids.size()
     N = max_new_tokens
     if memory is not None:

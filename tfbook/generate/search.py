@@ -1,10 +1,12 @@
 """The generation loop: one token at a time, each step reading the keys and values it cached.
 
     prefill:  logits = model(prompt)              every prompt position at once; cache filled
-    step:     token  = rule(logits[:, -1])        greedy, or sampled (temperature, top-k, top-p)
+    step:     logits = penalties(logits, ids)     repetition, frequency, presence (optional)
+              token  = rule(logits[:, -1])        greedy, or sampled (temperature, top-k,
+                                                  top-p, min-p)
               logits = model(token, cache)        one new position; attends to all cached ones
-    stop:     at an end token (that row is done and is padded from then on) or after
-              `max_new_tokens`
+    stop:     at an end token or a stop string (that row is done and is padded from then on)
+              or after `max_new_tokens`
 
 A batch of prompts of different lengths is padded on the LEFT, so every row's next token lands
 in the same column; `attention_mask` hides the padding from every query and each row's
@@ -14,14 +16,16 @@ only has to take `positions`, `attention_mask` and a `cache` (see `next_logits`)
 Shape legend: B batch, T prompt length (padded), N new tokens, S source length, V vocab.
 """
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from tfbook.cache import KVCache
-from tfbook.generate.sampling import next_token
+from tfbook.config import is_int
+from tfbook.generate.sampling import apply_penalties, check_sampling, next_token
 
 
 @dataclass
@@ -39,11 +43,37 @@ class Generation:
         return self.tokens[:, self.prompt_length :]
 
 
+def as_prompt_ids(prompt: object, row: int) -> list[int]:
+    """One prompt as a list of int ids; a string or a float is refused, never rounded."""
+    if isinstance(prompt, Tensor):
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise TypeError(f"prompt {row} must hold integer token ids, got a tensor of dtype "
+                            f"{prompt.dtype}")
+        prompt = prompt.tolist()
+    if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+        raise TypeError(f"each prompt must be a list of int token ids, got {type(prompt).__name__}"
+                        f" for prompt {row}" + (": encode text with the tokenizer first"
+                                                if isinstance(prompt, (str, bytes)) else ""))
+    for token in prompt:
+        if not is_int(token):
+            raise TypeError(f"token ids must be ints, got {token!r} of type "
+                            f"{type(token).__name__} in prompt {row}")
+    return [int(token) for token in prompt]
+
+
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
     """Lists of ids of different lengths -> ids (B, T) padded on the left, mask (B, T).
 
     left_pad([[5, 6, 7], [8]]) -> ids [[5, 6, 7], [0, 0, 8]], mask [[1, 1, 1], [0, 0, 1]]
     """
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a (B, T) tensor of token ids or a list of lists of "
+                        f"int ids, got {type(prompts).__name__}"
+                        + (": encode text with the tokenizer first"
+                           if isinstance(prompts, (str, bytes)) else ""))
+    if not is_int(pad_id):
+        raise TypeError(f"pad_id must be an int, got {pad_id!r} of type {type(pad_id).__name__}")
+    prompts = [as_prompt_ids(p, row) for row, p in enumerate(prompts)]
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt must hold at least one token, got an empty prompt")
     T = max(len(p) for p in prompts)
@@ -53,6 +83,118 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor,
         ids[row, T - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
         mask[row, T - len(prompt) :] = True
     return ids, mask
+
+
+def prompt_batch(
+    prompts: Tensor | Sequence[Sequence[int]], attention_mask: Tensor | None, pad_id: int,
+    vocab_size: int,
+) -> tuple[Tensor, Tensor]:
+    """Prompts as ids (B, T) with a left-padding mask (B, T), or lists of ids (padded here).
+
+    Refuses what would give wrong tokens silently: float ids, a mask that is not left padding
+    (a real token after padding), a mask given with lists (they get their own), rows of
+    padding only, ids outside [0, V).
+    """
+    if not isinstance(prompts, Tensor):
+        if attention_mask is not None:
+            raise ValueError("attention_mask goes with prompts given as a (B, T) tensor; lists "
+                             "of ids are left-padded here and get their own mask, got both")
+        ids, mask = left_pad(prompts, pad_id)
+    else:
+        if prompts.is_floating_point() or prompts.is_complex() or prompts.dtype == torch.bool:
+            raise TypeError(f"prompts must hold integer token ids, got a tensor of dtype "
+                            f"{prompts.dtype} (ids are never rounded)")
+        if prompts.dim() != 2 or prompts.size(1) == 0:
+            raise ValueError(
+                f"prompts must be ids of shape (B, T) with T >= 1, got {tuple(prompts.shape)}"
+            )
+        ids = prompts.long()
+        if attention_mask is None:
+            mask = torch.ones_like(ids, dtype=torch.bool)
+        else:
+            if not isinstance(attention_mask, Tensor):
+                raise TypeError(f"attention_mask must be a tensor (B, T) of 0/1 or bool, got "
+                                f"{type(attention_mask).__name__}")
+            if attention_mask.shape != ids.shape:
+                raise ValueError(
+                    f"attention_mask must have the shape of the prompts {tuple(ids.shape)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            if attention_mask.dtype != torch.bool and not bool(
+                    ((attention_mask == 0) | (attention_mask == 1)).all()):
+                raise ValueError("attention_mask must hold only 0/1 or True/False, got values "
+                                 f"{sorted(set(attention_mask.flatten().tolist()))[:5]}")
+            mask = attention_mask.bool()
+        if not bool(mask.any(dim=1).all()):
+            row = int((~mask.any(dim=1)).nonzero()[0])
+            raise ValueError(f"every prompt must hold at least one token, got a row of "
+                             f"padding only (row {row})")
+        after_real = mask.long().cummax(dim=1).values.bool()  # (B, T): True from the 1st token
+        if bool((after_real & ~mask).any()):
+            row = int((after_real & ~mask).any(dim=1).nonzero()[0])
+            raise ValueError(
+                f"attention_mask must be left padding (padding first, then the prompt's "
+                f"tokens), got row {row} = {mask[row].long().tolist()}: pad on the left "
+                f"(left_pad does) so that every row's next token lands in the same column")
+    outside = (ids < 0) | (ids >= vocab_size)  # padding is embedded too, so it must fit
+    if bool(outside.any()):
+        raise ValueError(f"token ids (padding included) must lie in [0, V={vocab_size}), got "
+                         f"{int(ids[outside][0])}")
+    return ids, mask
+
+
+def check_model(model: object, memory: Tensor | None, use_cache: bool, caller: str) -> None:
+    """Refuse, with the missing piece named, an object the decoding loops cannot drive."""
+    config = getattr(model, "config", None)
+    missing = []
+    if not isinstance(model, nn.Module):
+        missing.append("an nn.Module")
+    if getattr(config, "max_len", None) is None:
+        missing.append("config.max_len (its context length)")
+    if not (getattr(config, "vocab_size", None) or getattr(config, "tgt_vocab_size", None)):
+        missing.append("config.vocab_size")
+    if use_cache and not callable(getattr(model, "new_cache", None)):
+        missing.append("new_cache() (or pass use_cache=False)")
+    if memory is not None and not callable(getattr(model, "decode", None)):
+        missing.append("decode() (memory= makes it the decoder of an encoder-decoder)")
+    if missing:
+        raise TypeError(f"{caller} needs a tfbook model (GPT, a Llama-style preset, or "
+                        f"Transformer with memory=) with {', '.join(missing)}; got "
+                        f"{type(model).__name__}")
+    if memory is None and callable(getattr(model, "decode", None)):
+        raise ValueError(f"{caller} got the encoder-decoder {type(model).__name__} without "
+                         f"memory: pass memory=model.encode(src)[0] (the decoder reads it)")
+
+
+def _check_stop_strings(
+    stop_strings: str | Sequence[str], tokenizer: object
+) -> tuple[list[str], Callable[[list[int]], str] | None]:
+    """Stop strings as a list, and the decode function of `tokenizer` they need."""
+    strings = [stop_strings] if isinstance(stop_strings, str) else list(stop_strings)
+    if any(not isinstance(s, str) or not s for s in strings):
+        raise TypeError(f"stop_strings must be non-empty strings, got {stop_strings!r}")
+    if not strings:
+        return [], None
+    decode = getattr(tokenizer, "decode", None)
+    if not callable(decode):
+        raise TypeError(f"stop_strings need the tokenizer that turns ids into text (an object "
+                        f"with decode(list of ids) -> str), got {type(tokenizer).__name__}")
+    return strings, decode
+
+
+def completes_stop_string(
+    ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]
+) -> bool:
+    """True when the last id completes one of `stop_strings` in the decoded text.
+
+    The string must overlap the last token's text (it may start in an earlier token and the
+    token may run past its end), so an occurrence further back never counts twice: the rule
+    of HF's `StopStringCriteria`. Only the last len(longest string) + 8 ids are decoded.
+    """
+    tail = list(ids[-(max(map(len, stop_strings)) + 8):])
+    before, after = decode(tail[:-1]), decode(tail)
+    new_from = len(os.path.commonprefix([before, after]))  # where the last token's text starts
+    return any(s in after[max(0, new_from - len(s) + 1):] for s in stop_strings)
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:
@@ -119,37 +261,38 @@ def generate(
     keep_logits: bool = False,
     memory: Tensor | None = None,
     memory_mask: Tensor | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    stop_strings: str | Sequence[str] = (),
+    tokenizer: object = None,
 ) -> Generation:
     """Continue each prompt by up to `max_new_tokens` tokens.
 
     prompts: ids (B, T) (with `attention_mask` (B, T) if left-padded) or lists of ids of any
-    lengths (padded here). temperature 0 is greedy (the argmax); above 0 the next token is
-    sampled after temperature, top-k and top-p (`tfbook.generate.sampling`), from `generator`
-    or, when it is None, torch's global generator (as Hugging Face's `generate` does).
-    A row stops at any of `end_ids` (the end token is kept; `pad_id` follows); the loop stops
-    when every row has. use_cache=False recomputes the whole sequence at each step (the same
+    lengths (padded here). The penalties (`repetition_penalty` on the prompt and the new
+    tokens, `frequency_penalty` and `presence_penalty` on the new tokens) change the logits
+    first, for greedy decoding too; then temperature 0 is greedy (the argmax), and above 0
+    the next token is sampled after temperature, top-k, top-p and min-p
+    (`tfbook.generate.sampling`), from `generator` or, when it is None, torch's global
+    generator (as Hugging Face's `generate` does).
+    A row stops at any of `end_ids` (the end token is kept; `pad_id` follows) or when its
+    text completes one of `stop_strings` (decoded with `tokenizer`); the loop stops when
+    every row has. use_cache=False recomputes the whole sequence at each step (the same
     tokens, slower: the KV-cache chapter measures it). `memory` (B, S, C) makes it the
     decoder of an encoder-decoder (then `prompts` is the decoder's start).
     """
-    if isinstance(prompts, Tensor):
-        if prompts.dim() != 2 or prompts.size(1) == 0:
-            raise ValueError(
-                f"prompts must be ids of shape (B, T) with T >= 1, got {tuple(prompts.shape)}"
-            )
-        ids = prompts.long()
-        mask = (torch.ones_like(ids, dtype=torch.bool) if attention_mask is None
-                else attention_mask.bool())
-        if mask.shape != ids.shape:
-            raise ValueError(
-                f"attention_mask must have the shape of the prompts {tuple(ids.shape)}, "
-                f"got {tuple(mask.shape)}"
-            )
-    else:
-        ids, mask = left_pad(prompts, pad_id)
+    check_model(model, memory, use_cache, "generate")
+    V = model_vocab_size(model)
+    ids, mask = prompt_batch(prompts, attention_mask, pad_id, V)
     ids, mask = ids.to(next(model.parameters()).device), mask.to(ids.device)
-    end_ids = [end_ids] if isinstance(end_ids, int) else list(end_ids)
-    check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids,
-                  model_vocab_size(model))
+    end_ids = [end_ids] if is_int(end_ids) else list(end_ids)
+    check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids, V)
+    check_sampling(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
+                   presence_penalty)
+    stop_strings, decode = _check_stop_strings(stop_strings, tokenizer)
+    penalised = (repetition_penalty, frequency_penalty, presence_penalty) != (1.0, 0.0, 0.0)
     B, T = ids.size()
     # room for exactly the positions this call can fill, not the whole context
     cache = model.new_cache(T + max_new_tokens) if use_cache else None
@@ -159,13 +302,19 @@ def generate(
     for _ in range(max_new_tokens):
         logits = next_logits(model, step_ids, step_positions, mask, cache, memory, memory_mask)
         if keep_logits:
-            kept.append(logits)
-        token = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
+            kept.append(logits)  # the raw scores, before any penalty
+        if penalised:
+            logits = apply_penalties(logits, ids, repetition_penalty, frequency_penalty,
+                                     presence_penalty, mask=mask, prompt_length=T)
+        token = next_token(logits, temperature, top_k, top_p, generator, min_p=min_p)  # (B,)
         token = torch.where(done, torch.full_like(token, pad_id), token)  # finished rows pad
         ids = torch.cat([ids, token[:, None]], dim=1)  # (B, T + n)
         mask = torch.cat([mask, ~done[:, None]], dim=1)  # padding after the end is not real
         if end_ids:
             done = done | torch.isin(token, torch.tensor(end_ids, device=token.device))
+        for row in (~done).nonzero().flatten().tolist() if stop_strings else ():
+            if completes_stop_string(ids[row][mask[row]].tolist(), stop_strings, decode):
+                done[row] = True
         if bool(done.all()):
             break
         positions = positions_from_mask(mask)  # (B, T + n)
