@@ -3,6 +3,8 @@ requests and bad input, and the static page in Chromium (steps, segmentation, sa
 
 from __future__ import annotations
 
+import json
+
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -90,8 +92,21 @@ def test_the_front_end_can_retrain() -> None:
                                                     pattern=w.tokenizer.pattern).merges
 
 
+def test_an_empty_retrain_box_retrains_on_the_text_trained_on() -> None:
+    """The page's retrain box starts empty (the training text does not travel to the page):
+    a request without text trains the same text again, with the new settings and sample."""
+    w = BPEMergesWidget(TEXT, vocab_size=270, sample=TEXT[5:40])
+    assert "placeholder" in w._esm and "characters trained on now" in w._esm
+    w._on_front_end_message(w, {"type": "request", "args": {
+        "text": None, "vocab_size": 275, "pattern": "gpt2"}}, [])
+    assert w.error == "" and w.n_chars == len(TEXT) and w.sample_text == TEXT[5:40]
+    assert w.tokenizer.merges == BPETokenizer.train(TEXT, 275, pattern=w.tokenizer.pattern).merges
+    assert TEXT not in json.dumps(w.get_state())  # the state holds the sample, not the text
+
+
 @pytest.mark.parametrize("args, message", [
     ({"text": ""}, "the training text is empty"),
+    ({"text": 7}, "text must be a str"),
     ({"text": "x" * (MAX_TEXT_CHARS["gpt4"] + 1)}, "trains on at most 200,000"),
     ({"text": "abc" * 10_000, "pattern": "lines"}, "trains on at most 10,000"),
     ({"text": "abc", "vocab_size": 256}, "vocab_size must be between 257 and 1256"),

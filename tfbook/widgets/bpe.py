@@ -96,16 +96,24 @@ class BPEMergesWidget(Widget):
         super().__init__()
         self.top_k = top_k
         self.tokenizer: BPETokenizer | None = None
+        self._text: str | None = None  # the training text (Python only: it can be 200 kB)
         self.compute(text=stdlib_corpus(100_000) if text is None else text,
                      vocab_size=vocab_size, sample=sample, pattern=pattern)
         self.step = min(max(step, 0), len(self.merges))
 
-    def compute(self, text: str = "", vocab_size: int = 512, sample: str | None = None,
-                pattern: str = "gpt4") -> None:
+    def compute(self, text: str | None = None, vocab_size: int = 512,
+                sample: str | None = None, pattern: str = "gpt4") -> None:
         """Train on `text` to `vocab_size` (capped) and replay the merges for the front end.
 
-        The sample defaults to the start of the text.
+        `text` None retrains on the text trained on now (the page's retrain box starts empty
+        and says so: the training text is too long to sit in the page), keeping the sample.
+        Otherwise the sample defaults to the start of the text.
         """
+        if text is None:
+            if self._text is None:
+                raise ValueError("the training text is empty: type or paste some text")
+            text = self._text
+            sample = self.sample_text if sample is None else sample
         check_text(text)
         if pattern not in PATTERNS:
             raise ValueError(f"pattern must be one of {sorted(PATTERNS)}, got {pattern!r}")
@@ -127,6 +135,7 @@ class BPEMergesWidget(Widget):
         tokenizer = BPETokenizer.train(text, vocab_size, pattern=PATTERNS[pattern])
         tops, lengths, examples = replay_training(tokenizer, text, self.top_k)
         with self.hold_sync():  # one message: the front end never sees half-updated data
+            self._text = text
             self.tokenizer = tokenizer
             self.merges = [list(step.pair) for step in tokenizer.trace]
             self.top_pairs = [[list(t) for t in top] for top in tops]

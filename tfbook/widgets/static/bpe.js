@@ -79,8 +79,10 @@ function render({ model, el: element }) {
 
   prev.addEventListener("click", () => select(model.get("step") - 1));
   next.addEventListener("click", () => select(model.get("step") + 1));
+  // An empty box retrains on the text trained on now (null): it is too long for the page.
   train.addEventListener("click", () => request(model, {
-    text: textInput.value, vocab_size: Number(vocabInput.value), pattern: patternInput.value }));
+    text: textInput.value === "" ? null : textInput.value, vocab_size: Number(vocabInput.value),
+    pattern: patternInput.value }));
   watchLive(model, (live) => {
     for (const input of [textInput, vocabInput, patternInput, train]) input.disabled = !live;
     note.textContent = live ? "" : "static page: run the chapter in Jupyter to retrain";
@@ -187,7 +189,9 @@ function render({ model, el: element }) {
     next.disabled = k === n;
     vocabInput.value = String(256 + n);
     patternInput.value = model.get("pattern");
-    if (document.activeElement !== textInput && !textInput.value) textInput.value = model.get("sample_text");
+    textInput.placeholder = `Empty: retrain on the ${model.get("n_chars").toLocaleString("en")} ` +
+      "characters trained on now, with the vocabulary size and pre-split set here. Or type " +
+      "or paste a text to train on it.";
     showError(errorBox, model);
 
     if (n === 0) {
