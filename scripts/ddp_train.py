@@ -23,7 +23,13 @@ import torch.distributed as dist
 
 from tfbook.corpus import stdlib_corpus
 from tfbook.models.gpt import GPTConfig
-from tfbook.train.distributed import Variant, check_shardable, save_result, train_replica
+from tfbook.train.distributed import (
+    Variant,
+    check_local_processes,
+    check_shardable,
+    save_result,
+    train_replica,
+)
 from tfbook.train.loop import TrainConfig
 
 
@@ -43,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--corpus-bytes", type=int, default=200_000)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per collective")
     parser.add_argument("--out", type=Path, help="directory for each rank's result")
-    return parser.parse_args(argv)
+    return check_args(parser.parse_args(argv))
 
 
 def setup(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, torch.Tensor, Variant]:
@@ -60,12 +66,40 @@ def setup(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig, torch.Tenso
     return model_config, train_config, ids, variant
 
 
-def main() -> None:
-    args = parse_args()
-    if "RANK" not in os.environ:
+def check_environment(env: "os._Environ[str] | dict[str, str]") -> int:
+    """The world size torchrun set; refuses a start without torchrun, variables that are not
+    whole numbers, and more processes on this machine than it has cores."""
+    if "RANK" not in env:
         raise SystemExit("start this script with torchrun (it sets RANK, WORLD_SIZE, ...), "
                          "e.g. torchrun --standalone --nproc_per_node 2 scripts/ddp_train.py")
-    check_shardable(args.batch_size, int(os.environ["WORLD_SIZE"]))  # before anyone waits
+    values = {}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        text = env.get(key, env["WORLD_SIZE"] if key == "LOCAL_WORLD_SIZE" else "")
+        if not text.isdigit():
+            raise ValueError(f"{key} must be a whole number >= 0 (torchrun sets it), got {text!r}")
+        values[key] = int(text)
+    if not 0 <= values["RANK"] < values["WORLD_SIZE"]:
+        raise ValueError(f"RANK must lie in [0, WORLD_SIZE = {values['WORLD_SIZE']}), "
+                         f"got {values['RANK']}")
+    # one single-threaded process per core on this machine (--nproc_per_node)
+    check_local_processes(values["LOCAL_WORLD_SIZE"], "--nproc_per_node")
+    return values["WORLD_SIZE"]
+
+
+def check_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Sizes and counts must be >= 1 and the corpus must hold one window."""
+    for name in ("steps", "batch_size", "T", "d_model", "n_layers", "corpus_bytes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    world_size = check_environment(os.environ)
+    check_shardable(args.batch_size, world_size)  # before anyone waits
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))  # from env vars
     try:

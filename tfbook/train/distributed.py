@@ -1,6 +1,8 @@
 """Data parallelism (Li et al. 2020, "PyTorch Distributed"): p processes, one model replica each.
 
-Every process (a rank) holds the whole model and the same weights. At each step all ranks
+Every process (a rank) holds the whole model. Wrapping it (DDP, or `replicate` by hand)
+broadcasts rank 0's parameters and buffers, so every replica starts from the same weights
+whatever each rank built. At each step all ranks
 draw the same global batch of B rows, each keeps its own B / p rows, computes the loss and the
 gradients on them, and the gradients are averaged across ranks by an all-reduce; every rank
 then takes the same optimiser step with the same averaged gradient, so the replicas stay
@@ -31,7 +33,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -63,11 +65,16 @@ class Variant:
     optimizer: str = "adamw"  # "adamw" (the loop's AdamW) or "sgd" (plain w <- w - lr g)
     dtype: str = "float32"  # "float32" or "float64" weights, activations and gradients
     lr: float | None = None  # peak learning rate; None = the TrainConfig's
+    # build rank r's model from seed + r: the replicas then start apart, and only the
+    # broadcast of rank 0's weights when the model is wrapped makes them equal
+    rank_seeds: bool = False
 
     def __post_init__(self) -> None:
         check_choice(self, "sync", SYNCS)
         check_choice(self, "optimizer", OPTIMIZERS)
         check_choice(self, "dtype", tuple(DTYPES))
+        if not isinstance(self.rank_seeds, bool):
+            raise TypeError(f"Variant: rank_seeds must be True or False, got {self.rank_seeds!r}")
         if self.lr is not None and (not is_number(self.lr) or not 0 < self.lr < float("inf")):
             raise ValueError(f"Variant: lr must be a finite number > 0 or None, got {self.lr!r}")
 
@@ -85,6 +92,8 @@ class RunResult:
     cpu_seconds: float = 0.0  # CPU time of this process (all its threads) inside train()
     # all parameters as one flat vector (named_parameters order) after k optimiser steps
     snapshots: dict[int, Tensor] = field(default_factory=dict)
+    # sum of every parameter (float64) as this rank built them, before DDP's broadcast
+    start_checksum: float = 0.0
 
 
 @dataclass
@@ -100,40 +109,70 @@ class DataParallelResult:
         return [sum(r.losses[i] for r in ranks) / len(ranks) for i in range(len(ranks[0].losses))]
 
 
-def ring_all_reduce(tensors: Sequence[Tensor]) -> tuple[list[Tensor], list[int]]:
-    """Simulate a ring all-reduce of p same-shaped tensors, one per rank; return what every rank
-    ends with (the sum of all p) and how many numbers each rank sent.
+@dataclass
+class RingStep:
+    """The state of a simulated ring all-reduce after one step (or before the first)."""
 
-    The ranks sit in a ring, r sends to r + 1 (mod p); each tensor is cut into p chunks.
+    phase: str  # "start", "reduce-scatter" or "all-gather"
+    step: int  # 0 .. p - 2 within the phase (0 for "start")
+    chunks: list[list[Tensor]]  # chunks[r][c]: rank r's copy of chunk c after this step
+    sends: list[tuple[int, int, int]]  # (from rank, to rank, chunk) of this step's messages
+
+
+def ring_all_reduce_steps(tensors: Sequence[Tensor]) -> Iterator[RingStep]:
+    """Play a ring all-reduce of p same-shaped tensors (one per rank), one step at a time
+    (Patarasuk & Yuan 2009). The ranks sit in a ring, r sends to r + 1 (mod p); each tensor is
+    cut into p chunks.
       reduce-scatter, p - 1 steps: at step s rank r sends chunk (r - s) mod p, and the
         receiver adds it to its own copy; then rank r holds the finished sum of chunk r + 1.
       all-gather, p - 1 steps: at step s rank r sends finished chunk (r + 1 - s) mod p, and
         the receiver keeps it.
-    Every rank sends 2 (p - 1) chunks of n / p numbers: 2 (p - 1) / p * n, whatever p is.
     """
-    if isinstance(tensors, Tensor) or not tensors or not all(
+    if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence) or not tensors or not all(
         isinstance(t, Tensor) and t.shape == tensors[0].shape for t in tensors
     ):
         raise ValueError("tensors must be a non-empty sequence of tensors of one shape "
-                         "(one per rank)")
+                         f"(one per rank), got {_describe(tensors)}")
     p = len(tensors)
     chunks = [list(t.detach().reshape(-1).clone().tensor_split(p)) for t in tensors]  # [r][c]
-    sent = [0] * p
+    yield RingStep("start", 0, [[c.clone() for c in row] for row in chunks], [])
     for phase in ("reduce-scatter", "all-gather"):
         for s in range(p - 1):
             # every rank sends at once: read all messages before any is delivered
-            messages = []
+            sends, messages = [], []
             for r in range(p):
                 c = (r - s) % p if phase == "reduce-scatter" else (r + 1 - s) % p
-                messages.append(((r + 1) % p, c, chunks[r][c].clone()))
-                sent[r] += chunks[r][c].numel()
-            for dest, c, chunk in messages:
+                sends.append((r, (r + 1) % p, c))
+                messages.append(chunks[r][c].clone())
+            for (_, dest, c), chunk in zip(sends, messages):
                 if phase == "reduce-scatter":
                     chunks[dest][c] += chunk
                 else:
                     chunks[dest][c] = chunk
-    results = [torch.cat(chunks[r]).reshape(tensors[0].shape) for r in range(p)]
-    return results, sent
+            yield RingStep(phase, s, [[c.clone() for c in row] for row in chunks], sends)
+
+
+def ring_all_reduce(tensors: Sequence[Tensor]) -> tuple[list[Tensor], list[int]]:
+    """Simulate a ring all-reduce of p same-shaped tensors, one per rank; return what every rank
+    ends with (the sum of all p) and how many numbers each rank sent.
+
+    Every rank sends 2 (p - 1) chunks of n / p numbers: 2 (p - 1) / p * n, whatever p is.
+    """
+    states = list(ring_all_reduce_steps(tensors))  # checks the argument
+    sent = [0] * len(tensors)
+    for state in states:
+        for src, _, c in state.sends:
+            sent[src] += state.chunks[src][c].numel()
+    shape = tensors[0].shape
+    return [torch.cat(row).reshape(shape) for row in states[-1].chunks], sent
+
+
+def _describe(value: object) -> str:
+    """A short description of a bad `tensors` argument: the shapes, or the type names."""
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        items = [tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__ for v in value]
+        return f"{type(value).__name__} {items}"
+    return type(value).__name__
 
 
 def ring_all_reduce_bytes(n_bytes: float, world_size: int) -> float:
@@ -171,6 +210,24 @@ def training_bytes_per_process(n_params: int, world_size: int, stage: int = 0,
     weights, grads, states = 2 * n_params, 2 * n_params, state_bytes * n_params
     sharded = {0: 0, 1: states, 2: states + grads, 3: states + grads + weights}[stage]
     return weights + grads + states - sharded + sharded / world_size
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_local_processes(count: object, what: str = "world_size") -> int:
+    """`count` processes (or threads) on this machine: an int in [1, available cores]."""
+    cores = available_cores()
+    if not is_int(count) or count < 1:
+        raise ValueError(f"{what} must be an int >= 1, got {count!r}")
+    if count > cores:
+        raise ValueError(f"{what} must be at most the {cores} CPU cores this machine gives "
+                         f"this process (one per core), got {count}")
+    return int(count)
 
 
 def check_shardable(batch_size: int, world_size: int) -> int:
@@ -255,9 +312,11 @@ def replicate(model: nn.Module, sync: str) -> nn.Module:
     if sync not in SYNCS:
         raise ValueError(f"sync must be one of {SYNCS}, got {sync!r}")
     if sync == "ddp":
-        return DistributedDataParallel(model)  # broadcasts rank 0's weights, then averages
-    for p in model.parameters():  # the same start everywhere, done by hand
-        dist.broadcast(p.data, src=0)
+        # DDP's constructor broadcasts rank 0's parameters and buffers to every rank; its
+        # backward hooks then average the gradients bucket by bucket
+        return DistributedDataParallel(model)
+    for t in [*model.parameters(), *model.buffers()]:  # the same start everywhere, by hand
+        dist.broadcast(t.data, src=0)
     allreduce_hooks(model, dist.get_world_size())
     return model
 
@@ -320,8 +379,10 @@ def train_replica(
     if variant.lr is not None:
         train_config = replace(train_config, lr=variant.lr)
 
-    model = build_model(model_config, train_config.seed, variant.dtype)
-    wrapped = replicate(model, variant.sync) if grouped else model
+    seed = train_config.seed + (rank if variant.rank_seeds else 0)
+    model = build_model(model_config, seed, variant.dtype)
+    start_checksum = float(flat_parameters(model).double().sum())
+    wrapped = replicate(model, variant.sync) if grouped else model  # rank 0's weights everywhere
     optimizer = make_optimizer(model, variant.optimizer, train_config)
     recorder = StepRecorder(model, optimizer, snapshot_steps)
 
@@ -336,7 +397,7 @@ def train_replica(
     cpu_seconds = time.process_time() - cpu_start
     weights = {name: p.detach().clone() for name, p in model.named_parameters()}
     return RunResult(rank, world_size, recorder.first_grads, weights, history.loss,
-                     history.seconds, cpu_seconds, recorder.snapshots)
+                     history.seconds, cpu_seconds, recorder.snapshots, start_checksum)
 
 
 def train_single_process(
@@ -345,8 +406,7 @@ def train_single_process(
     progress: bool = False,
 ) -> RunResult:
     """The reference: one process trains on the whole global batch with `threads` threads."""
-    if not is_int(threads) or threads < 1:
-        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    check_local_processes(threads, "threads")
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("train_single_process runs outside any process group; this "
                            "process belongs to one (use train_replica)")
@@ -373,7 +433,8 @@ def save_result(result: RunResult, path: Path) -> None:
     tensors.update({f"snapshot.{k}": v.contiguous() for k, v in result.snapshots.items()})
     save_file(tensors, str(path.with_suffix(".safetensors")))
     info = {"rank": result.rank, "world_size": result.world_size, "losses": result.losses,
-            "seconds": result.seconds, "cpu_seconds": result.cpu_seconds}
+            "seconds": result.seconds, "cpu_seconds": result.cpu_seconds,
+            "start_checksum": result.start_checksum}
     path.with_suffix(".json").write_text(json.dumps(info), encoding="utf-8")
 
 
@@ -386,7 +447,8 @@ def load_result(path: Path) -> RunResult:
     snapshots = {int(k[len("snapshot."):]): v for k, v in tensors.items()
                  if k.startswith("snapshot.")}
     return RunResult(info["rank"], info["world_size"], grads, weights, info["losses"],
-                     info["seconds"], info["cpu_seconds"], dict(sorted(snapshots.items())))
+                     info["seconds"], info["cpu_seconds"], dict(sorted(snapshots.items())),
+                     info["start_checksum"])
 
 
 def _worker(rank: int, world_size: int, init_method: str, timeout: float, out_dir: str,
@@ -420,6 +482,7 @@ def run_data_parallel(
     """
     if not isinstance(train_config, TrainConfig):
         raise TypeError(f"train_config must be a TrainConfig, got {type(train_config).__name__}")
+    check_local_processes(world_size)  # every process starts here, one thread each
     _check_data(model_config, ids, batch_size, T, world_size)
     if isinstance(variants, str | bytes) or not isinstance(variants, Sequence) or not (
         variants and all(isinstance(v, Variant) for v in variants)
