@@ -250,8 +250,8 @@ def train(
         history.tokens.append(seen)
         elapsed = history.seconds + time.perf_counter() - began
         bar.update(1)
-        bar.set_postfix(loss=f"{history.loss[-1]:.3f}", tok_s=f"{seen / max(elapsed, 1e-9):,.0f}",
-                        refresh=False)
+        bar.set_postfix({"loss": f"{history.loss[-1]:.3f}",
+                         "tokens/s": f"{seen / max(elapsed, 1e-9):,.0f}"}, refresh=False)
         last = step + 1 == config.steps
         if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
             run_eval(step)
