@@ -1,15 +1,19 @@
 """The real SmolLM2-135M-Instruct running in tfbook equals Hugging Face's LlamaForCausalLM.
 
 Both models hold the same dequantised weights from the shipped GGUF file. tfbook's default
-layout (llama.cpp's rows, interleaved RoPE, float64 angles) agrees with HF within 1e-4; the
-"hf" layout (HF's rows, half-split RoPE, float32 angles) gives HF's sdpa logits bit for bit,
-which is what makes seeded sampling and beam scores comparable token for token.
+layout (llama.cpp's rows, interleaved RoPE, float64 angles) agrees with HF within
+HF_RELATIVE_BOUND times the largest logit; the "hf" layout (HF's rows, half-split RoPE,
+float32 angles) gives HF's sdpa logits bit for bit, which is what makes seeded sampling and
+beam scores comparable token for token. Bit-for-bit claims hold when both sides run the same
+kernels in the same order: the tests that make them pin the thread count (1 and 2), and pass
+under the scalar kernels (ATEN_CPU_CAPABILITY=default) as under AVX2/AVX-512.
 """
 
 import pytest
 import torch
 
 from tfbook.checkpoints.smollm2 import (
+    HF_RELATIVE_BOUND,
     hf_llama_from_gguf,
     load_smollm2,
     load_smollm2_tokenizer,
@@ -23,6 +27,15 @@ from tfbook.models.params import count_parameters
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "How many legs does a spider have? Answer with a number, like 8 or 10."]
 TEXT = "The history of Python began in 1989, when Guido van Rossum"
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    """Pin torch's thread count for a test that claims bit-for-bit equality."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +75,26 @@ def test_parameter_count(ours):
     assert ours.lm_head.weight is ours.tok_emb.weight  # tied, as in the file
 
 
-def test_logits_equal_hugging_face(tokenizer, ours, ours_hf_layout, hf_eager, hf_sdpa):
-    for ids in prompts(tokenizer):
+def long_prompt(tokenizer) -> list[int]:
+    """About 400 tokens of English prose: the rounding difference grows with the length."""
+    text = " ".join(f"In {1900 + i}, the {k}th edition of the almanac listed the tides, the "
+                    f"phases of the moon and the harvest dates of the valley."
+                    for i, k in enumerate(range(4, 18)))
+    return tokenizer.encode_ordinary(text)
+
+
+def test_logits_equal_hugging_face(tokenizer, ours, ours_hf_layout, hf_eager, hf_sdpa, threads):
+    batch = prompts(tokenizer) + [long_prompt(tokenizer)]
+    assert len(batch[-1]) > 300
+    for ids in batch:
         x = torch.tensor([ids])
         with torch.no_grad():
             ref_eager, ref_sdpa = hf_eager(x).logits, hf_sdpa(x).logits
             ours_logits, bitwise = ours(x).logits, ours_hf_layout(x).logits
-        assert (ours_logits - ref_eager).abs().max() <= 1e-4
-        assert (ours_logits - ref_sdpa).abs().max() <= 1e-4
-        assert torch.equal(bitwise, ref_sdpa)  # same layout, same angles, same kernels
+        scale = ref_eager.abs().max()  # the logit scale, about 35 to 45
+        assert (ours_logits - ref_eager).abs().max() <= HF_RELATIVE_BOUND * scale
+        assert (ours_logits - ref_sdpa).abs().max() <= HF_RELATIVE_BOUND * scale
+        assert torch.equal(bitwise, ref_sdpa)  # same layout, angles, kernels and threads
 
 
 def test_greedy_continuations_equal_hugging_face(tokenizer, ours, hf_eager):
@@ -84,7 +108,7 @@ def test_greedy_continuations_equal_hugging_face(tokenizer, ours, hf_eager):
     assert theirs.size(1) - x.size(1) == 64  # the plain-text prompt runs all 64 new tokens
 
 
-def test_seeded_sampling_equals_hugging_face(tokenizer, ours_hf_layout, hf_sdpa):
+def test_seeded_sampling_equals_hugging_face(tokenizer, ours_hf_layout, hf_sdpa, threads):
     x = torch.tensor([prompts(tokenizer)[1]])
     settings = dict(temperature=0.8, top_k=40, top_p=0.9)
     torch.manual_seed(1234)
@@ -112,12 +136,12 @@ def test_cached_uncached_and_batched_agree(tokenizer, ours):
         alone = generate(ours, [ids], max_new_tokens=12, keep_logits=True)
         assert torch.equal(together.new_tokens[row], alone.new_tokens[0])
         for a, c in zip(alone.logits, together.logits, strict=True):
-            assert (a[0] - c[row]).abs().max() <= 1e-4
+            assert (a[0] - c[row]).abs().max() <= HF_RELATIVE_BOUND * a.abs().max()
     # without the cache (the short plain-text prompt: recomputing is slow)
     uncached = generate(ours, [batch[-1]], max_new_tokens=12, use_cache=False, keep_logits=True)
     assert torch.equal(uncached.new_tokens[0], alone.new_tokens[0])
     for a, b in zip(alone.logits, uncached.logits, strict=True):
-        assert (a - b).abs().max() <= 1e-4
+        assert (a - b).abs().max() <= HF_RELATIVE_BOUND * a.abs().max()
 
 
 def test_hostile_message_cannot_forge_a_turn(tokenizer):
@@ -136,7 +160,7 @@ def test_bad_layout():
 
 @pytest.mark.parametrize("length_penalty,early_stopping", [(1.0, True), (0.5, "never")])
 def test_beam_search_equals_hugging_face(tokenizer, ours_hf_layout, hf_sdpa, length_penalty,
-                                         early_stopping):
+                                         early_stopping, threads):
     from tfbook.generate.beam import beam_search
 
     x = torch.tensor([prompts(tokenizer)[0]])
