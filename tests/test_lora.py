@@ -9,6 +9,7 @@ gradients of every A and B are bit-equal, and the trainable counts agree.
 """
 
 import math
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -211,11 +212,13 @@ def test_peft_on_the_same_tiny_model_is_bit_equal():
     pairs = copy_into_peft(ours, peft_model, lambda i, p: f"base_model.model.blocks.{i}.attn."
                            f"{p}_proj")
     x = ids((2, 12), seed=2)
-    for model in (ours, peft_model):
-        model.train()
-        cross_entropy(model(x[:, :-1]).logits, x[:, 1:]).backward()
-    with torch.no_grad():
-        assert torch.equal(ours(x).logits, peft_model(x).logits)
+    # the same kernels in the same order on both sides, with the threads pinned: bit-equal
+    with pinned_threads(2):
+        for model in (ours, peft_model):
+            model.train()
+            cross_entropy(model(x[:, :-1]).logits, x[:, 1:]).backward()
+        with torch.no_grad():
+            assert torch.equal(ours(x).logits, peft_model(x).logits)
     for mine, peft_param in pairs:
         assert torch.equal(mine.grad, peft_param.grad)
     assert trainable_parameters(ours) == peft_model.get_nb_trainable_parameters()[0]
@@ -280,6 +283,30 @@ def test_targets_not_a_list_of_names(targets):
         add_lora(tiny_model(), targets=targets)
 
 
+@pytest.mark.parametrize("r", [33, 10**7])
+def test_rank_larger_than_the_layer_is_refused_before_any_allocation(r):
+    model = tiny_model()  # d_model 64; v_proj maps 64 -> 2 heads x 16 = 32
+    with pytest.raises(ValueError, match=rf"rank r must be at most min\(C_in, C_out\) = 32 for "
+                                         rf"'blocks.0.attn.v_proj' \(64 -> 32\), got r={r}"):
+        add_lora(model, targets=("v_proj", "q_proj"), r=r)
+    assert not lora_layers(model)  # nothing was wrapped, nothing frozen
+    assert all(p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match=r"at most min\(C_in, C_out\) = 4 for the layer "
+                                         r"\(4 -> 12\), got r=5"):
+        LoRALinear(nn.Linear(4, 12), r=5, alpha=1)
+
+
+def test_the_full_rank_is_allowed():
+    layer = LoRALinear(nn.Linear(4, 12), r=4, alpha=1)
+    assert layer.lora_A.shape == (4, 4) and layer.lora_B.shape == (12, 4)
+
+
+def test_a_dotted_path_as_target_says_targets_are_attribute_names():
+    with pytest.raises(ValueError, match=r"targets are attribute names such as 'q_proj'.*"
+                                         r"'blocks.0.attn.q_proj' is a dotted path"):
+        add_lora(tiny_model(), targets=("blocks.0.attn.q_proj",))
+
+
 def test_applying_twice():
     model = add_lora(tiny_model())
     with pytest.raises(ValueError, match=r"already has LoRA layers \(e.g. blocks.0.attn.q_proj"):
@@ -299,53 +326,99 @@ def test_merging_a_model_without_lora():
 
 
 # --- the real SmolLM2-135M against peft on Hugging Face's Llama ------------------------------
+#
+# What is exact and why. Both sides run the same kernels in the same order: tfbook's model in
+# Hugging Face's layout with sdpa attention, the LoRA update added after the base output as
+# peft adds it. On one machine, with the thread count pinned, the logits and the gradients of
+# every A and B are then bit-equal, under any thread count and any CPU kernel set (pinned here
+# to 1 and 2 threads in turn). The two losses are NOT computed the same way: tfbook sums the
+# kept tokens' -log p itself, Hugging Face calls F.cross_entropy, so they add the same numbers
+# in another order. The loss is compared exactly with tfbook's loss of peft's logits, and with
+# Hugging Face's own loss within the rounding bound of a mean of n float32 numbers.
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+@contextmanager
+def pinned_threads(n: int):
+    """Run the block with torch using exactly n threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 @pytest.fixture(scope="module")
-def smollm2_runs():
-    """tfbook and peft adapted with the same A and B; one forward and backward each."""
+def smollm2_models():
+    """tfbook's SmolLM2 and peft on HF's Llama, adapted with the same non-zero A and B."""
     ours = load_smollm2(layout="hf")  # HF's rows and RoPE: the same logits as HF's sdpa
     hf = hf_llama_from_gguf(read_smollm2_gguf())
     hf.set_attn_implementation("sdpa")
     x = ids((2, 24), vocab=ours.config.vocab_size, seed=11)
-    with torch.no_grad():
+    with pinned_threads(2), torch.no_grad():
         base_logits = ours(x).logits
-    add_lora(ours, targets=("q_proj", "v_proj"), r=8, alpha=16)
-    with torch.no_grad():
+        add_lora(ours, targets=("q_proj", "v_proj"), r=8, alpha=16)
         zero_update_logits = ours(x).logits
     peft_model = get_peft_model(hf, LoraConfig(r=8, lora_alpha=16,
                                                target_modules=["q_proj", "v_proj"]))
     pairs = copy_into_peft(ours, peft_model, lambda i, p: f"base_model.model.model.layers.{i}."
                            f"self_attn.{p}_proj")
-    ours.train()
-    peft_model.train()
-    ours_logits = ours(x).logits
-    ours_loss = cross_entropy(ours_logits[:, :-1], x[:, 1:])
-    ours_loss.backward()
-    out = peft_model(input_ids=x, labels=x)  # HF shifts the labels itself
-    out.loss.backward()
     return dict(ours=ours, peft=peft_model, x=x, base_logits=base_logits,
-                zero_update_logits=zero_update_logits, pairs=pairs,
-                ours_logits=ours_logits.detach(), ours_loss=ours_loss.detach(),
-                peft_logits=out.logits.detach(), peft_loss=out.loss.detach())
+                zero_update_logits=zero_update_logits, pairs=pairs)
 
 
-def test_smollm2_adapted_equals_base_before_training(smollm2_runs):
-    assert torch.equal(smollm2_runs["zero_update_logits"], smollm2_runs["base_logits"])
+@pytest.fixture(scope="module", params=[1, 2], ids=lambda n: f"{n}-threads")
+def smollm2_runs(request, smollm2_models):
+    """One forward and backward pass of each library with the thread count pinned."""
+    m = smollm2_models
+    ours, peft_model, x = m["ours"].train(), m["peft"].train(), m["x"]
+    for model in (ours, peft_model):
+        model.zero_grad(set_to_none=True)
+    with pinned_threads(request.param):
+        ours_logits = ours(x).logits
+        ours_loss = cross_entropy(ours_logits[:, :-1], x[:, 1:])
+        ours_loss.backward()
+        out = peft_model(input_ids=x, labels=x)  # HF shifts the labels itself
+        out.loss.backward()
+        # tfbook's loss of peft's logits: the same function on the same numbers
+        ours_loss_of_peft = cross_entropy(out.logits.detach()[:, :-1], x[:, 1:])
+        nll = -torch.log_softmax(ours_logits.detach()[:, :-1].double(), -1).gather(
+            -1, x[:, 1:, None]).squeeze(-1)  # (B, T - 1), each token's -log p, in float64
+    grads = [(mine.grad.clone(), theirs.grad.clone()) for mine, theirs in m["pairs"]]
+    return dict(m, threads=request.param, ours_logits=ours_logits.detach(),
+                ours_loss=ours_loss.detach(), peft_logits=out.logits.detach(),
+                peft_loss=out.loss.detach(), ours_loss_of_peft=ours_loss_of_peft, nll=nll,
+                grads=grads)
 
 
-def test_smollm2_equals_peft_bit_for_bit(smollm2_runs):
+def test_smollm2_adapted_equals_base_before_training(smollm2_models):
+    # B = 0: the update adds exactly zero, on any machine
+    assert torch.equal(smollm2_models["zero_update_logits"], smollm2_models["base_logits"])
+
+
+def test_smollm2_equals_peft_bit_for_bit_with_pinned_threads(smollm2_runs):
     runs = smollm2_runs
     assert not torch.equal(runs["ours_logits"], runs["base_logits"])  # the update is not zero
     assert torch.equal(runs["ours_logits"], runs["peft_logits"])
-    assert torch.equal(runs["ours_loss"], runs["peft_loss"])
-    assert len(runs["pairs"]) == 2 * 2 * 30  # A and B of q and v in 30 blocks
-    for mine, theirs in runs["pairs"]:
-        assert mine.grad is not None and torch.count_nonzero(mine.grad) > 0
-        assert torch.equal(mine.grad, theirs.grad)
+    assert torch.equal(runs["ours_loss"], runs["ours_loss_of_peft"])
+    assert len(runs["grads"]) == 2 * 2 * 30  # A and B of q and v in 30 blocks
+    for mine, theirs in runs["grads"]:
+        assert torch.count_nonzero(mine) > 0
+        assert torch.equal(mine, theirs)
 
 
-def test_smollm2_trainable_count_equals_peft(smollm2_runs, capsys):
-    ours, peft_model = smollm2_runs["ours"], smollm2_runs["peft"]
+def test_smollm2_loss_equals_hugging_faces_within_the_rounding_of_a_mean(smollm2_runs):
+    runs = smollm2_runs
+    # two orders of a sum of n terms differ by at most (n - 1) eps sum |x| (two roundings of
+    # u = eps / 2 per term), and the division by n adds at most eps |mean|
+    bound = EPS32 * (float(runs["nll"].abs().sum()) + float(runs["ours_loss"].abs()))
+    assert abs(float(runs["ours_loss"]) - float(runs["peft_loss"])) <= bound
+
+
+def test_smollm2_trainable_count_equals_peft(smollm2_models, capsys):
+    ours, peft_model = smollm2_models["ours"], smollm2_models["peft"]
     trainable, total = peft_model.get_nb_trainable_parameters()
     assert trainable_parameters(ours) == trainable
     assert count_parameters(ours) == total
@@ -358,8 +431,8 @@ def test_smollm2_trainable_count_equals_peft(smollm2_runs, capsys):
            f"{count_parameters(ours):,d}" in capsys.readouterr().out
 
 
-def test_smollm2_merge_equals_unmerged_and_spares_shared_weights(smollm2_runs):
-    ours, x = smollm2_runs["ours"].eval(), smollm2_runs["x"]
+def test_smollm2_merge_equals_unmerged_and_spares_shared_weights(smollm2_models):
+    ours, x = smollm2_models["ours"].eval(), smollm2_models["x"]
     twin = sharing_twin(ours)
     with torch.no_grad():
         twin_before = twin(x).logits
@@ -369,8 +442,13 @@ def test_smollm2_merge_equals_unmerged_and_spares_shared_weights(smollm2_runs):
     # the two orders of float32 rounding, (W + Delta W) x against W x + Delta W x, differ by
     # about one unit in the last place of each output; relative to the output's size they
     # agree within 1e-5, for each layer and for the logits after 30 blocks
-    assert (merged - unmerged).abs().max() <= 1e-5 * unmerged.abs().max()
-    assert torch.equal(merged.argmax(-1), unmerged.argmax(-1))
+    bound = 1e-5 * unmerged.abs().max()
+    assert (merged - unmerged).abs().max() <= bound
+    # the same next token wherever the top two logits are further apart than that
+    top2 = unmerged.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * bound
+    assert clear.sum() > 0.9 * clear.numel()
+    assert torch.equal(merged.argmax(-1)[clear], unmerged.argmax(-1)[clear])
     h = torch.randn(2, 24, ours.config.d_model, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         for layer in lora_layers(ours).values():

@@ -46,6 +46,15 @@ def check_lora_args(r: object, alpha: object, dropout: object) -> None:
         raise ValueError(f"LoRA dropout must lie in [0, 1), got {dropout!r}")
 
 
+def check_rank_fits(r: int, in_features: int, out_features: int, name: str = "the layer") -> None:
+    """r <= min(C_in, C_out): Delta W = B A (C_out x C_in) cannot have a larger rank, and A and
+    B would hold more numbers than W itself."""
+    if r > min(in_features, out_features):
+        raise ValueError(f"LoRA rank r must be at most min(C_in, C_out) = "
+                         f"{min(in_features, out_features)} for {name} ({in_features} -> "
+                         f"{out_features}), got r={r}")
+
+
 def lora_size(in_features: int, out_features: int, r: int) -> int:
     """Trainable numbers of one adapted layer: r * (C_in + C_out) (A is r x C_in, B C_out x r).
 
@@ -62,6 +71,7 @@ class LoRALinear(nn.Module):
         if not isinstance(base, nn.Linear):
             raise TypeError(f"LoRALinear wraps an nn.Linear, got {type(base).__name__}")
         check_lora_args(r, alpha, dropout)
+        check_rank_fits(r, base.in_features, base.out_features)
         self.base = base.requires_grad_(False)  # W and its bias frozen (the flag is shared)
         self.r = r
         self.alpha = alpha
@@ -83,6 +93,16 @@ class LoRALinear(nn.Module):
     @property
     def out_features(self) -> int:
         return self.base.out_features
+
+    @property
+    def weight(self) -> Tensor:
+        """The frozen W (C_out, C_in), as code that reads `layer.weight` (dtype, device) expects."""
+        return self.base.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        """The frozen bias (C_out,) or None."""
+        return self.base.bias
 
     def delta_weight(self) -> Tensor:
         """Delta W = (alpha / r) B A, (C_out, C_in): what training adds to W."""
@@ -156,8 +176,15 @@ def add_lora(
             found[attribute].append(name)
     missing = [t for t, names in found.items() if not names]
     if missing:
+        dotted = [t for t in missing if "." in t]
+        hint = (f" (targets are attribute names such as 'q_proj', and every layer of that name "
+                f"is adapted; {dotted[0]!r} is a dotted path)" if dotted else "")
         raise ValueError(f"{type(model).__name__} has no layer named {missing}; its linear "
-                         f"layers are named {linear_names}")
+                         f"layers are named {linear_names}{hint}")
+    for names in found.values():  # every rank checked before any layer is wrapped
+        for name in names:
+            layer = model.get_submodule(name)
+            check_rank_fits(r, layer.in_features, layer.out_features, repr(name))
     model.requires_grad_(False)  # the base model is frozen: only A and B will train
     for names in found.values():
         for name in names:
