@@ -1,10 +1,14 @@
 """Scaling laws: how the loss falls with model size and compute (Kaplan et al. 2020, sec. 3;
 Hoffmann et al. 2022, sec. 3), fitted to a sweep of small byte-level GPTs.
 
-    L(N) = a N^-alpha + c        N = non-embedding parameters, c = the irreducible loss
-    C    = 6 N D                 training FLOPs: 2 N per token forward, 4 N backward
-    L(C) = a C^-beta + c         fitted to the compute frontier, the lower envelope of
-                                 every run's eval loss against the compute spent so far
+    L(N)       = a N^-alpha + c      N = non-embedding parameters, c = the irreducible loss
+    C_train    = 6 N D_train         training FLOPs for D_train tokens: 2 N per token forward,
+                                     4 N backward (attention scores and the output layer left
+                                     out; models.params.decoder_forward_flops counts them)
+    L(C_train) = a C_train^-beta + c fitted to the compute frontier, the lower envelope of
+                                     every run's eval loss against the compute spent so far
+
+(The papers write C and D; in the book C is the model width and D the head size.)
 
 The sweep trains every size with the same loop (tfbook.train.loop.train), the same data and
 the same number of tokens, and records the eval loss along the way; scripts/scaling_sweep.py
@@ -83,7 +87,8 @@ def non_embedding_parameters(config: GPTConfig) -> int:
 
 
 def training_flops(n_params: float, tokens: float) -> float:
-    """C = 6 N D: a forward pass costs 2 N FLOPs per token, the backward pass twice that."""
+    """C_train = 6 N D_train: a forward pass costs 2 N FLOPs per token, the backward pass
+    twice that (the weights' products only)."""
     return 6.0 * n_params * tokens
 
 
