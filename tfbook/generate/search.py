@@ -267,6 +267,7 @@ def generate(
     presence_penalty: float = 0.0,
     stop_strings: str | Sequence[str] = (),
     tokenizer: object = None,
+    sliding_window: bool = False,
 ) -> Generation:
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -280,15 +281,28 @@ def generate(
     A row stops at any of `end_ids` (the end token is kept; `pad_id` follows) or when its
     text completes one of `stop_strings` (decoded with `tokenizer`); the loop stops when
     every row has. use_cache=False recomputes the whole sequence at each step (the same
-    tokens, slower: the KV-cache chapter measures it). `memory` (B, S, C) makes it the
+    tokens, slower: the KV-cache chapter measures it). sliding_window=True lets a text grow
+    past the model's context: each step reads only the last max_len tokens (recomputed, no
+    cache, positions counted from the window's start). `memory` (B, S, C) makes it the
     decoder of an encoder-decoder (then `prompts` is the decoder's start).
     """
+    if sliding_window is not True and sliding_window is not False:
+        raise TypeError(f"sliding_window must be True or False, got {sliding_window!r}")
+    if sliding_window and memory is not None:
+        raise ValueError("sliding_window is for decoder-only models; an encoder-decoder's "
+                         "decoder (memory=) gets no sliding window")
+    use_cache = use_cache and not sliding_window
     check_model(model, memory, use_cache, "generate")
     V = model_vocab_size(model)
     ids, mask = prompt_batch(prompts, attention_mask, pad_id, V)
     ids, mask = ids.to(next(model.parameters()).device), mask.to(ids.device)
     end_ids = [end_ids] if is_int(end_ids) else list(end_ids)
-    check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids, V)
+    max_len = model.config.max_len
+    check_request(min(ids.size(1), max_len - 1) if sliding_window else ids.size(1),
+                  1 if sliding_window else max_new_tokens, max_len, end_ids, V)
+    if sliding_window and (isinstance(max_new_tokens, bool) or not is_int(max_new_tokens)
+                           or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
                    presence_penalty)
     stop_strings, decode = _check_stop_strings(stop_strings, tokenizer)
@@ -299,8 +313,14 @@ def generate(
     done = torch.zeros(B, dtype=torch.bool, device=ids.device)
     kept: list[Tensor] = []
     step_ids, step_positions = ids, positions_from_mask(mask)  # the prefill: all of the prompt
+    step_mask = mask
     for _ in range(max_new_tokens):
-        logits = next_logits(model, step_ids, step_positions, mask, cache, memory, memory_mask)
+        if sliding_window:  # the last max_len tokens, positions from the window's start
+            step_ids, step_mask = ids[:, -max_len:], mask[:, -max_len:].clone()
+            step_mask[:, -1] |= ~step_mask.any(dim=1)  # a finished row's window of padding
+            step_positions = positions_from_mask(step_mask)
+        logits = next_logits(model, step_ids, step_positions, step_mask, cache, memory,
+                             memory_mask)
         if keep_logits:
             kept.append(logits)  # the raw scores, before any penalty
         if penalised:
@@ -322,4 +342,5 @@ def generate(
             step_ids, step_positions = ids[:, -1:], positions[:, -1:]  # only the new token
         else:
             step_ids, step_positions = ids, positions  # everything again, for comparison
+        step_mask = mask
     return Generation(tokens=ids, attention_mask=mask, prompt_length=T, logits=kept)
