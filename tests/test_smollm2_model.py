@@ -12,6 +12,7 @@ under the scalar kernels (ATEN_CPU_CAPABILITY=default) as under AVX2/AVX-512.
 import pytest
 import torch
 
+from tests.pinned_threads import pinned_threads
 from tfbook.checkpoints.smollm2 import (
     HF_RELATIVE_BOUND,
     hf_llama_from_gguf,
@@ -32,10 +33,8 @@ TEXT = "The history of Python began in 1989, when Guido van Rossum"
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
 def threads(request):
     """Pin torch's thread count for a test that claims bit-for-bit equality."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
+    with pinned_threads(request.param):
+        yield request.param
 
 
 @pytest.fixture(scope="module")
