@@ -41,6 +41,7 @@ from tfbook.widgets.page_model import (
     payload_json,
     quantise,
     quantised_reference,
+    token_label,
 )
 
 HARNESS = Path(__file__).resolve().parent / "data" / "page_model.html"
@@ -391,7 +392,7 @@ def test_the_page_encodes_as_the_tokenizer(page, site, name: str) -> None:
     }""", ["payload.json", tokenizer().encode_ordinary(PROMPTS[3])])
     assert decoded[0] == PROMPTS[3]
     bpe = tokenizer()
-    assert decoded[1] == [bpe.id_to_token(i) for i in bpe.encode_ordinary(PROMPTS[3])]
+    assert decoded[1] == [token_label(bpe, i) for i in bpe.encode_ordinary(PROMPTS[3])]
 
 
 GENERATE_JS = """async ([name, ids, settings]) => {
@@ -537,7 +538,7 @@ def test_hostile_text_is_shown_as_text(page, bpe: BPETokenizer) -> None:
         expect(page.locator("#tokens")).to_have_attribute("data-text", text)
         ids = bpe.encode_ordinary(text)
         expect(tokens).to_have_count(len(ids))
-        assert tokens.all_text_contents() == [bpe.id_to_token(i) for i in ids]
+        assert tokens.all_text_contents() == [token_label(bpe, i) for i in ids]
         expect(status).to_have_text(f"{len(ids)} tokens")
         assert page.locator("body img, body script:not([src])").count() == 1  # the page's own
     long = long_text().replace("\r", "")  # a text box turns CR LF into LF
@@ -686,8 +687,6 @@ def test_pieces_of_a_character_show_as_hex_as_in_python(bpe: BPETokenizer) -> No
     """Every token of the multilingual tokenizer (merges that cut 4-byte emoji and 3-byte CJK
     characters) has the same label in the page as token_label gives in Python: whole
     characters as text, pieces in hex between ‹ ›, never U+FFFD."""
-    from tfbook.widgets.page_model import token_label
-
     labels = [token_label(bpe, i) for i in range(bpe.vocab_size)]
     assert token_label(bpe, 0xF0) == "‹f0›" and token_label(bpe, ord("a")) == "a"
     pieces = [label for label in labels if "‹" in label]

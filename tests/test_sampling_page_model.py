@@ -35,6 +35,7 @@ from tfbook.widgets.page_model import (
     export_page_model,
     payload_json,
     quantised_reference,
+    token_label,
 )
 from tfbook.widgets.sampling import (
     SamplingWidget,
@@ -85,7 +86,8 @@ def test_the_widget_carries_the_page_model(gpt: GPT, bpe: BPETokenizer) -> None:
     ids = bpe.encode_ordinary("Café crème")
     expected = generate(reference, [ids], 8, temperature=0, keep_logits=True)
     assert [s["chosen"] for s in w.steps] == expected.new_tokens[0].tolist()
-    assert w.prompt_tokens == [bpe.id_to_token(i) for i in ids]
+    assert w.prompt_tokens == [token_label(bpe, i) for i in ids]
+    assert "‹c3›" in w.prompt_tokens  # é cut after its first byte: hex, as the page shows it
     for step, logits in zip(w.steps, expected.logits, strict=True):
         assert step["ids"] == next_token_candidates(logits[0], TOP_N)[0]
 
@@ -116,7 +118,7 @@ def test_a_long_prompt_keeps_its_last_tokens(gpt: GPT, bpe: BPETokenizer) -> Non
     assert fit_prompt(ids[:5], MAX_LEN, 10) == (ids[:5], 0)
     assert fit_prompt(ids, MAX_LEN, MAX_LEN) == (ids[-1:], len(ids) - 1)  # one token at least
     (tokens, logits, chosen, _), cut = page_generation(gpt, bpe, TEXT * 3, 10, temperature=0)
-    assert cut == dropped and tokens == [bpe.id_to_token(i) for i in kept]
+    assert cut == dropped and tokens == [token_label(bpe, i) for i in kept]
     assert chosen == generate(gpt, [kept], 10, temperature=0).new_tokens[0].tolist()
     _, _, chosen, _ = page_generation(gpt, bpe, TEXT * 3, MAX_LEN, temperature=0)[0]
     assert len(chosen) == MAX_LEN - 1  # the context is full: it stops there
@@ -163,8 +165,9 @@ def test_bad_arguments_are_clear_errors(gpt: GPT, bpe: BPETokenizer) -> None:
     with pytest.raises(ValueError, match=r"max_new_tokens must be between 1 and 64, got 0"):
         SamplingWidget.from_page_model(gpt, bpe, "Hi", max_new_tokens=0)
     big = GPT(replace(gpt.config, d_model=512, n_heads=8, n_layers=1))
-    with pytest.raises(ValueError, match=r"the page model takes [\d,]+ bytes in float32, more "
-                                         r"than the 3,000,000"):
+    with pytest.raises(ValueError, match=r"the page model takes at least [\d,]+ bytes in "
+                                         r"float32, more than the 3,000,000.*no storage type "
+                                         r"fits it"):
         SamplingWidget.from_page_model(big, bpe, "Hi", dtype="float32")
 
 
@@ -269,7 +272,7 @@ def check_run(run: dict, model: GPT, bpe: BPETokenizer, prompt: str, n: int,
                                               .tolist(), abs=1e-5)
         kept_vocab = int((filter_logits(logits[s], temperature, k, p) > -math.inf).sum())
         assert step["keptVocab"] == kept_vocab, (settings, s)
-    text = [bpe.id_to_token(i) for i in ids + chosen]
+    text = [token_label(bpe, i) for i in ids + chosen]
     assert run["context"] == shown("".join(text))  # the last step: the whole text
     return worst
 
