@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfbook.corpus import stdlib_corpus
-from tfbook.tokenizers import GPT4_SPLIT_PATTERN, BPETokenizer, regex_split
+from tfbook.tokenizers import GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN, BPETokenizer, regex_split
 from tfbook.tokenizers.bpe import count_pairs, merge_by_rank, merge_pair
 
 EOT = "<|endoftext|>"
@@ -304,11 +304,14 @@ def test_greatest_bytes_equals_brute_force_reference(text, n_merges, split):
     assert tok.decode(tok.encode(text)) == text
 
 
-def test_greatest_bytes_on_real_text_and_with_special_tokens():
+@pytest.mark.parametrize("pattern", [GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN],
+                         ids=["gpt2-split", "gpt4-split"])
+def test_greatest_bytes_on_real_text_and_with_special_tokens(pattern):
     text = stdlib_corpus(4_000).replace("\n\n", f"\n{EOT}\n")
     assert EOT in text
-    tok = BPETokenizer.train(text, 320, special_tokens=[EOT], tie_break="greatest_bytes")
-    reference = greatest_bytes_reference(text, 320, GPT4_SPLIT_PATTERN, (EOT,))
+    tok = BPETokenizer.train(text, 320, pattern=pattern, special_tokens=[EOT],
+                             tie_break="greatest_bytes")
+    reference = greatest_bytes_reference(text, 320, pattern, (EOT,))
     assert merges_as_bytes(tok) == reference
     assert not any(b"<|" in token for token in tok.vocab[256:])  # no merge spans a special
     assert tok.special_tokens == {EOT: 319}
