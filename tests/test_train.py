@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.pinned_threads import THREAD_COUNTS, pinned_threads
 from tfbook.losses import IGNORE_INDEX
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.train.checkpoint import load_checkpoint, save_checkpoint
@@ -24,15 +25,6 @@ from tfbook.train.optim import adamw, clip_grad_norm, param_groups
 from tfbook.train.schedules import inverse_sqrt, warmup_cosine, warmup_linear
 
 CONFIG = dataclasses.replace(GPTConfig.tiny(), max_len=16, d_model=32, n_layers=1)
-
-
-@pytest.fixture(params=[1, 2])
-def pinned_threads(request):
-    """Runs compared bit for bit use the same kernels in the same order: threads pinned."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 def stream(n=2000, seed=0):
@@ -206,21 +198,25 @@ def test_loss_falls_and_init_loss_is_log_v():
     assert history.tokens[-1] == 60 * x.numel()
 
 
-def test_same_seed_same_curve_and_other_seed_differs(pinned_threads):
+@THREAD_COUNTS
+def test_same_seed_same_curve_and_other_seed_differs(n_threads):
     config = TrainConfig(steps=8, warmup=2, eval_every=4)
-    _, h1 = run(config)
-    _, h2 = run(config)
-    _, h3 = run(dataclasses.replace(config, seed=1))
+    with pinned_threads(n_threads):  # bit for bit: the same kernels in the same order
+        _, h1 = run(config)
+        _, h2 = run(config)
+        _, h3 = run(dataclasses.replace(config, seed=1))
     assert h1.loss == h2.loss and h1.eval_loss == h2.eval_loss
     assert h1.loss != h3.loss
 
 
-def test_resumed_run_equals_uninterrupted(tmp_path, pinned_threads):
+@THREAD_COUNTS
+def test_resumed_run_equals_uninterrupted(tmp_path, n_threads):
     config = TrainConfig(steps=12, warmup=3, eval_every=4, checkpoint_every=5)
-    whole, h_whole = run(dataclasses.replace(config, checkpoint_every=0))
-    run(config, checkpoint_dir=tmp_path, stop_at=7)  # saved at 5 and at the stop, 7
-    assert json.loads((tmp_path / "state.json").read_text())["loop"]["step"] == 7
-    resumed, h_resumed = run(config, seed=99, checkpoint_dir=tmp_path, resume=True)
+    with pinned_threads(n_threads):  # bit for bit: the same kernels in the same order
+        whole, h_whole = run(dataclasses.replace(config, checkpoint_every=0))
+        run(config, checkpoint_dir=tmp_path, stop_at=7)  # saved at 5 and at the stop, 7
+        assert json.loads((tmp_path / "state.json").read_text())["loop"]["step"] == 7
+        resumed, h_resumed = run(config, seed=99, checkpoint_dir=tmp_path, resume=True)
     assert h_resumed.loss == h_whole.loss and h_resumed.eval_loss == h_whole.eval_loss
     for (name, p), q in zip(whole.state_dict().items(), resumed.state_dict().values(),
                             strict=True):
