@@ -20,6 +20,7 @@ from tfbook.train.scaling import (
     compute_frontier,
     corpus_sha256,
     fit_power_law,
+    full_training_flops,
     interval,
     leave_one_out,
     non_embedding_parameters,
@@ -241,3 +242,20 @@ def test_cache_reproduces_the_first_steps(cache):
     again = run_size(GPTConfig(**run["config"]), run["seed"], data, stop_at=100)
     assert again["eval_step"] == run["eval_step"][:2]
     np.testing.assert_allclose(again["eval_loss"], run["eval_loss"][:2], atol=2e-5)
+
+
+def test_full_training_flops_counts_every_product():
+    config = SWEEP[0]  # 2 layers of width 12, V = 256, T = 64
+    C, L, V, T = config.d_model, config.n_layers, config.vocab_size, config.max_len
+    weights = L * 12 * C * C  # the four projections and the 4C-wide feed-forward network
+    by_hand = 3 * (2 * weights + L * 4 * T * C + 2 * V * C)  # per token: weights, scores, head
+    assert full_training_flops(config, 1) == by_hand
+    assert full_training_flops(config, np.array([10, 20])).tolist() == [10 * by_hand,
+                                                                       20 * by_hand]
+    n = non_embedding_parameters(config)
+    assert full_training_flops(config, 1) > 2.5 * training_flops(n, 1)  # 6ND misses most
+    wide = SWEEP[-1]
+    ratio = full_training_flops(wide, 1) / training_flops(non_embedding_parameters(wide), 1)
+    assert 1 < ratio < 1.15  # and little of a wide model's work
+    with pytest.raises(ValueError, match="context must be a positive int, got 0"):
+        full_training_flops(config, 1, context=0)

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from tfbook.config import is_int
 from tfbook.models.gpt import GPT, GPTConfig, gpt_on_meta
-from tfbook.models.params import count_parameters
+from tfbook.models.params import count_parameters, decoder_forward_flops
 from tfbook.train.corpus_lm import eval_windows, fresh_corpus, window_sampler
 from tfbook.train.data import split_stream
 from tfbook.train.loop import TrainConfig, evaluate, train
@@ -90,6 +90,19 @@ def training_flops(n_params: float, tokens: float) -> float:
     """C_train = 6 N D_train: a forward pass costs 2 N FLOPs per token, the backward pass
     twice that (the weights' products only)."""
     return 6.0 * n_params * tokens
+
+
+def full_training_flops(config: GPTConfig, tokens: float | np.ndarray,
+                        context: int | None = None) -> float | np.ndarray:
+    """Every matrix product of training on `tokens` tokens: 3 x the forward FLOPs per token
+    (the backward pass costs twice the forward), with the attention scores over the whole
+    window of `context` positions (default: config.max_len) and the output layer, which
+    C_train = 6 N D_train leaves out."""
+    context = config.max_len if context is None else context
+    if not is_int(context) or context < 1:
+        raise ValueError(f"context must be a positive int, got {context!r}")
+    per_token = decoder_forward_flops(config, 1, context, 1)
+    return 3.0 * per_token * np.asarray(tokens, dtype=float)
 
 
 def corpus_bytes() -> bytes:
