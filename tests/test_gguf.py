@@ -120,6 +120,8 @@ def test_missing_file(tmp_path):
         read_gguf(tmp_path)
     with pytest.raises(TypeError, match="path must be a str or a Path, got NoneType"):
         read_gguf(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="metadata_only must be True or False, got 'yes'"):
+        read_gguf(tmp_path / "x.gguf", metadata_only="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("content", [b"", b"GG", b"PK\x03\x04 a zip file", b"{\"json\": 1}"],

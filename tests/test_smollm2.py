@@ -172,6 +172,12 @@ def test_refuses_metadata_of_the_wrong_type_range_or_against_the_tensors(
         smollm2_hparams(tampered(gguf_file, metadata={key: value}))
 
 
+def test_reference_refuses_a_token_id_outside_the_vocabulary(gguf_file):
+    with pytest.raises(ValueError, match=r"'tokenizer.ggml.eos_token_id' .*expected an integer "
+                                         r"in 0 .. 49,151, got 49,152"):
+        hf_llama_from_gguf(tampered(gguf_file, metadata={"tokenizer.ggml.eos_token_id": 49152}))
+
+
 def test_refuses_a_file_read_without_its_tensors(gguf_file):
     metadata_only = dataclasses.replace(gguf_file, tensors={}, tensor_types={})
     with pytest.raises(ValueError, match=r"read without its tensors \(metadata_only=True\)"):

@@ -239,6 +239,8 @@ def read_gguf(path: str | Path, metadata_only: bool = False) -> GGUFFile:
     """
     if not isinstance(path, str | Path):
         raise TypeError(f"path must be a str or a Path, got {type(path).__name__}")
+    if not isinstance(metadata_only, bool):
+        raise TypeError(f"metadata_only must be True or False, got {metadata_only!r:.40}")
     path = Path(path)
     _check_magic(path)
     check_layout(path)  # every length checked before the gguf package allocates for it

@@ -318,8 +318,10 @@ def hf_llama_from_gguf(gguf_file: GGUFFile) -> LlamaForCausalLM:
         num_key_value_heads=hp["n_kv_heads"], rms_norm_eps=hp["norm_eps"],
         rope_parameters={"rope_type": "default", "rope_theta": hp["rope_base"]},
         max_position_embeddings=hp["max_len"], tie_word_embeddings=True,
-        bos_token_id=_metadata(gguf_file, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_metadata(gguf_file, "tokenizer.ggml.eos_token_id"),
+        bos_token_id=_metadata_int(gguf_file, "tokenizer.ggml.bos_token_id",
+                                   hp["vocab_size"] - 1, 0),
+        eos_token_id=_metadata_int(gguf_file, "tokenizer.ggml.eos_token_id",
+                                   hp["vocab_size"] - 1, 0),
         pad_token_id=gguf_file.metadata.get("tokenizer.ggml.padding_token_id"),
         attn_implementation="eager", dtype=torch.float32,
     )
