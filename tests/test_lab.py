@@ -33,7 +33,9 @@ import pytest
 from tests.conftest import ROOT
 
 OVERRIDES = ROOT / "scripts" / "jupyterlab-overrides.json"
-CHAPTERS = sorted((ROOT / "book").rglob("*.md"))
+# the chapters: MyST notebooks with a jupytext header (the appendix's plain pages have none)
+CHAPTERS = sorted(path for path in (ROOT / "book").rglob("*.md")
+                  if path.read_text(encoding="utf-8").startswith("---\njupytext:"))
 
 # Time limits (conditions are polled until then): generous, so that a loaded machine passes.
 START_SECONDS = 180  # JupyterLab answers its API
@@ -170,7 +172,9 @@ def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab) -> None:
                            arg=title.element_handle(), timeout=LIVE_MS)
     page.wait_for_function("(r) => r.dataset.python === 'live'", arg=widget.element_handle(),
                            timeout=LIVE_MS)
-    assert page.evaluate("window.tfwStates") == ["live", "busy", "live"]
+    states = page.evaluate("window.tfwStates")  # each redraw re-sets the attribute
+    assert [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]] == [
+        "live", "busy", "live"]
     # Kernel > Restart: the widget says it lost its Python and how to get a live one back
     page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session"
                   ".kernel.restart()")
