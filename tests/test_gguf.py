@@ -183,8 +183,9 @@ def tensor_info(name: str, dims: list[int], type_id: int = 0, offset: int = 0) -
 ARCH = kv("general.architecture", 8, text("toyarch"))
 HOSTILE = {
     # an array of 2**60 bytes announced in a 94-byte file (the gguf package loops on it)
-    "array count": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 0, 2**60)) + bytes(57),
-                    r"items of metadata 'a': 1,152,921,504,606,846,976 of at least 1 bytes"),
+    "array count": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 0, 2**60)) + bytes(45),
+                    r"items of metadata 'a': 1,152,921,504,606,846,976 announced, needing at least "
+                    r"1,152,921,504,606,846,976 bytes, cannot fit in the 45 bytes left"),
     "string length": (header(0, 1) + struct.pack("<Q", 2**40) + b"key" + bytes(16),
                       r"bytes of the key of metadata entry 0: 1,099,511,627,776 .* cannot fit"),
     "key/value count": (header(0, 2**50) + ARCH, r"metadata key/values: .* cannot fit"),

@@ -138,8 +138,9 @@ class _Cursor:
         """A 64-bit count, checked: `count` items of at least `min_item_bytes` must fit."""
         n = self.uint(8, f"the count of {what}")
         if n * min_item_bytes > self.left():
-            raise self.damaged(f"{what}: {n:,} of at least {min_item_bytes} bytes each cannot "
-                               f"fit in the {self.left():,} bytes left")
+            raise self.damaged(f"{what}: {n:,} announced, needing at least "
+                               f"{n * min_item_bytes:,} bytes, cannot fit in the "
+                               f"{self.left():,} bytes left")
         return n
 
     def string(self, what: str) -> str:
@@ -209,9 +210,9 @@ def check_layout(path: Path) -> None:
                                          f"got {value!r}")
                 alignment = value
         if n_tensors * _MIN_TENSOR_INFO_BYTES > cursor.left():
-            raise cursor.damaged(f"{n_tensors:,} tensor descriptions of at least "
-                                 f"{_MIN_TENSOR_INFO_BYTES} bytes cannot fit in the "
-                                 f"{cursor.left():,} bytes left")
+            raise cursor.damaged(f"{n_tensors:,} tensor descriptions announced, needing at "
+                                 f"least {n_tensors * _MIN_TENSOR_INFO_BYTES:,} bytes, cannot "
+                                 f"fit in the {cursor.left():,} bytes left")
         spans = []
         for i in range(n_tensors):
             name = cursor.string(f"the name of tensor {i}")
