@@ -422,3 +422,36 @@ def test_python_says_when_it_is_done_and_answers_a_ping() -> None:
     w._on_front_end_message(w, {"type": "request", "args": ["Hi", 2]}, [])
     assert "a request's args must be an object, got list" in w.error
     assert sent == [{"type": "live"}, {"type": "done"}, {"type": "done"}]
+
+
+@pytest.mark.parametrize("settings", [
+    {"temperature": 1.5, "top_k": 1, "top_p": None},
+    {"temperature": 0.7, "top_k": None, "top_p": 0.9},
+    {"temperature": 0.0, "top_k": None, "top_p": None},
+    {"temperature": 1.2, "top_k": 5, "top_p": 0.8},
+])
+def test_a_real_model_samples_what_the_widget_keeps(settings: dict) -> None:
+    """tfbook's generate behind the widget, told the widget's knobs (as the decoding chapter
+    uses SmolLM2): every chosen token is one the widget's own settings keep."""
+    from dataclasses import replace
+
+    from tfbook.generate.search import generate
+    from tfbook.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(replace(GPTConfig.tiny(), vocab_size=V, max_len=32)).eval()
+
+    def sampler(prompt: str, max_new_tokens: int, *, temperature: float, top_k: int | None,
+                top_p: float | None, seed: int) -> tuple:
+        ids = [ord(c) % V for c in prompt]
+        run = generate(model, [ids], max_new_tokens, temperature=temperature, top_k=top_k,
+                       top_p=top_p, keep_logits=True,
+                       generator=torch.Generator().manual_seed(seed))
+        chosen = run.new_tokens[0, : len(run.logits)].tolist()
+        return list(prompt), torch.cat(run.logits), chosen, VOCAB
+
+    w = SamplingWidget.from_generate(sampler, "Once upon", max_new_tokens=12, top_n=V,
+                                     **settings, seed=3)
+    for step in w.steps:
+        kept = kept_distribution(torch.tensor(step["logits"]), w.temperature, w.top_k, w.top_p)
+        assert float(kept[step["ids"].index(step["chosen"])]) > 0
