@@ -11,6 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PY_STAMP := $(VENV)/.tfbook-installed
 JS_STAMP := node_modules/.tfbook-installed
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 PY_REQS := requirements.txt requirements-test.txt requirements-nodeps.txt constraints.txt pyproject.toml
 
 .PHONY: setup book test lab bench serve clean check-tools check-chromium vendor
@@ -22,7 +23,7 @@ export OMP_WAIT_POLICY := PASSIVE
 # Every chapter's figures use the book's Matplotlib settings (text sized for the page column).
 export MATPLOTLIBRC := $(CURDIR)/book/matplotlibrc
 
-setup: check-tools $(PY_STAMP) $(JS_STAMP)
+setup: check-tools $(PY_STAMP) $(LAB_OVERRIDES) $(JS_STAMP)
 
 check-tools:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -43,10 +44,13 @@ $(PY_STAMP): $(PY_REQS)
 	$(BIN)/pip install --quiet -c constraints.txt -r requirements.txt -r requirements-test.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
-	@# JupyterLab opens the .md chapters as notebooks (jupytext) when double-clicked
-	mkdir -p $(VENV)/share/jupyter/lab/settings
-	cp scripts/jupyterlab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
+
+# JupyterLab opens the .md chapters as notebooks (jupytext) when double-clicked, without the
+# news prompt; re-copied whenever the overrides change.
+$(LAB_OVERRIDES): scripts/jupyterlab-overrides.json $(PY_STAMP)
+	mkdir -p $(dir $@)
+	cp scripts/jupyterlab-overrides.json $@
 
 $(JS_STAMP): package.json package-lock.json
 	$(NPM) ci --no-audit --no-fund --loglevel=error
