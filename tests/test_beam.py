@@ -29,6 +29,16 @@ from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import tiny_llama
 from tfbook.models.transformer import Transformer, TransformerConfig
 
+@pytest.fixture(autouse=True)
+def two_threads():
+    """Bit-equal comparisons with HF need both sides on the same kernels in the same order:
+    the same process, and a pinned thread count (they pass with 1 and 2 threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(min(2, before))
+    yield
+    torch.set_num_threads(before)
+
+
 PAD = 3  # HF's pad_token_id in these tests (not 0: see test_pad_id_0_pads_with_the_end_id)
 PROMPTS = [[5, 17, 99, 250, 8, 41], [12, 200, 7], [9]]  # left-padded to 6: B > 1, 3 lengths
 N = 10  # new tokens
