@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.pinned_threads import pinned_threads
 from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
 from tfbook.generate.beam import beam_search, beam_search_plain
 from tfbook.generate.search import generate, left_pad
@@ -29,14 +30,13 @@ from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import tiny_llama
 from tfbook.models.transformer import Transformer, TransformerConfig
 
-@pytest.fixture(autouse=True)
-def two_threads():
+
+@pytest.fixture(autouse=True, params=[1, 2], ids=["1-thread", "2-threads"])
+def pinned(request):
     """Bit-equal comparisons with HF need both sides on the same kernels in the same order:
-    the same process, and a pinned thread count (they pass with 1 and 2 threads)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(min(2, before))
-    yield
-    torch.set_num_threads(before)
+    the same process and a pinned thread count; every test runs with 1 and with 2 threads."""
+    with pinned_threads(request.param):
+        yield
 
 
 PAD = 3  # HF's pad_token_id in these tests (not 0: see test_pad_id_0_pads_with_the_end_id)
@@ -269,7 +269,7 @@ def test_plain_with_a_wide_beam_is_exhaustive_search(end_ids):
         assert math.isclose(hyp.score, scores[tuple(hyp.tokens)], rel_tol=1e-5, abs_tol=1e-6)
         assert hyp.finished == (bool(end_ids) and hyp.tokens[-1] in end_ids)
     ranked = [scores[tuple(h.tokens)] for h in out.hypotheses]
-    assert all(a >= b - rounding(b) for a, b in zip(ranked, ranked[1:]))  # best first
+    assert all(a >= b - rounding(b) for a, b in zip(ranked, ranked[1:], strict=False))  # best first
     if not end_ids:  # the 36 best of all 216: every clearly better sequence is among them
         assert len(out.hypotheses) == 36
         cut = ranked[-1]

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from tests.pinned_threads import pinned_threads
 from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
 from tfbook.generate.search import (
     completes_stop_string,
@@ -64,7 +65,8 @@ def test_cached_and_uncached_give_the_same_tokens(model, settings):
         assert_clear_argmax(a.logits)
     # sampled: a draw changes only if a cumulative probability lands within ~1e-6 of the
     # uniform number drawn, a chance of about 1e-6 per step; the logits must agree closely
-    assert max(float((x - y).abs().max()) for x, y in zip(a.logits, b.logits)) <= ROUNDING
+    gaps = [float((x - y).abs().max()) for x, y in zip(a.logits, b.logits, strict=True)]
+    assert max(gaps) <= ROUNDING
     assert torch.equal(a.tokens, b.tokens)
 
 
@@ -181,18 +183,16 @@ def llama_pair(hf_tokenizer) -> tuple[LlamaForCausalLM, GPT]:
     return hf, tfbook_from_hf_llama(hf)
 
 
-@pytest.fixture
-def two_threads():
-    """HF and tfbook run the same float32 operations; the same threads for both."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(min(2, before))
-    yield
-    torch.set_num_threads(before)
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def pinned(request):
+    """HF and tfbook run the same float32 operations, on pinned threads (1, then 2)."""
+    with pinned_threads(request.param):
+        yield
 
 
 @pytest.mark.parametrize("penalty", [1.0, 1.3, 0.7])
 def test_greedy_with_repetition_penalty_and_stop_strings_equals_hf_generate(
-        llama_pair, hf_tokenizer, two_threads, penalty):
+        llama_pair, hf_tokenizer, pinned, penalty):
     hf, ours = llama_pair
     ids = torch.tensor([hf_tokenizer.encode("the dog ran")] * 3)
     ids[1, 0], ids[2, 1] = 7, 9  # three different prompts of the same length
@@ -208,7 +208,7 @@ def test_greedy_with_repetition_penalty_and_stop_strings_equals_hf_generate(
     # not vacuous: a stop string ended at least one row before the 20 tokens
     stopped = [completes_stop_string(row[: int(mask.sum())], GENERATION_STOPS,
                                      hf_tokenizer.decode)
-               for row, mask in zip(out.tokens.tolist(), out.attention_mask)]
+               for row, mask in zip(out.tokens.tolist(), out.attention_mask, strict=True)]
     assert any(stopped) and not bool(out.attention_mask[stopped.index(True), -1])
 
 
