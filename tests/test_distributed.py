@@ -295,7 +295,8 @@ def test_bad_variants_shards_and_sizes():
         check_shardable(5, 2)
     with pytest.raises(ValueError, match="world_size must be an int >= 1"):
         ring_all_reduce_bytes(100, 0)
-    with pytest.raises(ValueError, match=r"one shape \(one per rank\), got list \[\(3,\), \(4,\)\]"):
+    with pytest.raises(ValueError,
+                       match=r"one shape \(one per rank\), got list \[\(3,\), \(4,\)\]"):
         ring_all_reduce([torch.zeros(3), torch.zeros(4)])
     for bad in ([], torch.zeros(3), "abc", [torch.zeros(2), 1.0]):
         with pytest.raises(ValueError, match="non-empty sequence of tensors of one shape"):

@@ -9,13 +9,13 @@ gradients of every A and B are bit-equal, and the trainable counts agree.
 """
 
 import math
-from contextlib import contextmanager
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
+from tests.pinned_threads import pinned_threads
 from tfbook.checkpoints.smollm2 import hf_llama_from_gguf, load_smollm2, read_smollm2_gguf
 from tfbook.lora import (
     ATTENTION_LINEARS,
@@ -337,17 +337,6 @@ def test_merging_a_model_without_lora():
 # Hugging Face's own loss within the rounding bound of a mean of n float32 numbers.
 
 EPS32 = torch.finfo(torch.float32).eps
-
-
-@contextmanager
-def pinned_threads(n: int):
-    """Run the block with torch using exactly n threads."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

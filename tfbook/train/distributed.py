@@ -144,7 +144,7 @@ def ring_all_reduce_steps(tensors: Sequence[Tensor]) -> Iterator[RingStep]:
                 c = (r - s) % p if phase == "reduce-scatter" else (r + 1 - s) % p
                 sends.append((r, (r + 1) % p, c))
                 messages.append(chunks[r][c].clone())
-            for (_, dest, c), chunk in zip(sends, messages):
+            for (_, dest, c), chunk in zip(sends, messages, strict=True):
                 if phase == "reduce-scatter":
                     chunks[dest][c] += chunk
                 else:
