@@ -452,7 +452,8 @@ LAYOUTS = ("gguf", "hf")
 # grows with the prompt: measured about 1e-6 of the largest logit on short prompts and 3.5e-6
 # at 800 tokens (1.5e-4 on logits near 43). The bound stated and tested is relative to the
 # logit scale: |ours - HF| <= HF_RELATIVE_BOUND * max |HF logits| (84 to 168 float32 ulps of
-# the largest logit, depending on where it sits in its binade), for prompts up to a few hundred tokens.
+# the largest logit, depending on where it sits in its binade), for prompts up to a few
+# hundred tokens.
 HF_RELATIVE_BOUND = 1e-5
 
 
