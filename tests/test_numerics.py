@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from tests.conftest import build_environment
-from tests.numerics import (NUMERIC_NAMES, build_numerics, parse_numerics, test_numerics,
-                            with_numerics)
+from tests.numerics import (
+    NUMERIC_NAMES,
+    build_numerics,
+    parse_numerics,
+    test_numerics,
+    with_numerics,
+)
 
 
 def test_this_process_runs_the_test_configuration():

@@ -4,7 +4,6 @@ requests and bad input, and the static page in Chromium (steps, segmentation, sa
 from __future__ import annotations
 
 import json
-
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path

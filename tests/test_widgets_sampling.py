@@ -402,7 +402,8 @@ def test_a_generate_fn_gets_only_the_knobs_it_takes() -> None:
                                      temperature=0.3)
     assert w.sampler_settings == ["temperature"] and seen == [0.3]
     w.temperature = 1.2
-    w._on_front_end_message(w, {"type": "request", "args": {"prompt": "Hi", "max_new_tokens": 2}}, [])
+    w._on_front_end_message(
+        w, {"type": "request", "args": {"prompt": "Hi", "max_new_tokens": 2}}, [])
     assert w.error == "" and seen == [0.3, 1.2]
     plain = SamplingWidget.from_generate(fake_generate, "Once", max_new_tokens=2, top_n=8)
     assert plain.sampler_settings == []
@@ -417,7 +418,8 @@ def test_python_says_when_it_is_done_and_answers_a_ping() -> None:
     sent = []
     w.send = lambda content, buffers=None: sent.append(content)
     w._on_front_end_message(w, {"type": "ping"}, [])
-    w._on_front_end_message(w, {"type": "request", "args": {"prompt": " ", "max_new_tokens": 2}}, [])
+    w._on_front_end_message(
+        w, {"type": "request", "args": {"prompt": " ", "max_new_tokens": 2}}, [])
     assert "the prompt is empty" in w.error
     w._on_front_end_message(w, {"type": "request", "args": ["Hi", 2]}, [])
     assert "a request's args must be an object, got list" in w.error

@@ -14,7 +14,7 @@ BOOK_ROOT = Path(__file__).resolve().parent.parent / "book"
 
 
 def book_file(relative: str | Path) -> Path:
-    """The path of ``book/<relative>`` in this repository, e.g. ``"learning/data/scaling_sweep.json"``.
+    """The path of ``book/<relative>`` in this repository (``"learning/data/scaling_sweep.json"``).
 
     Raises FileNotFoundError naming the path when the file is absent (for example when tfbook
     was installed without the book, not in editable mode from a clone).

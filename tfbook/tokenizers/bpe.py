@@ -277,7 +277,8 @@ class BPETokenizer(Tokenizer):
         `(count, pair of bytes)`); with `pattern=GPT2_SPLIT_PATTERN` and the same special
         tokens it learns that trainer's merges, in its order (its vocabulary numbers the
         special tokens first, this one last). Occurrences of the special tokens in `text` are
-        cut out before the pre-split, so no chunk spans one. Stops early if no pair is left to merge.
+        cut out before the pre-split, so no chunk spans one. Stops early if no pair is left to
+        merge.
         `pattern=None` trains on the text as one chunk (no pre-split; for small texts, since
         every merge then rescans the whole text). With `keep_trace`, `tokenizer.trace`
         lists every merge; `top_pairs=k` also records the k most frequent pairs before each
