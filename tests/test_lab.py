@@ -19,6 +19,7 @@ started, then saved, keeps its bytes. No "Jupyter news" prompt covers the first 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import shutil
 import socket
@@ -100,7 +101,10 @@ def test_saving_an_opened_chapter_keeps_its_bytes(tmp_path: Path, chapter: Path)
         notebook["metadata"]["language_info"] = {"name": "python", "version": sys.version}
         await manager.save({"type": "notebook", "content": notebook}, chapter.name)
 
-    asyncio.run(open_and_save())
+    # in a thread of its own: Playwright's sync API, open in the same session, keeps an event
+    # loop running in this one
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, open_and_save()).result()
     saved = (tmp_path / chapter.name).read_text(encoding="utf-8")
     original = chapter.read_text(encoding="utf-8")
     if saved != original:
