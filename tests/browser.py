@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import html
-import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
+
+from tests.modules import load_module
 
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-background-networking", "--disable-component-update",
@@ -144,10 +145,7 @@ SITE_EXTENSION = Path(__file__).resolve().parent.parent / "book" / "_ext" / "tfb
 @functools.cache
 def site_extension():
     """The book's Sphinx extension (book/_ext/tfbook_site.py), which escapes the widget state."""
-    spec = importlib.util.spec_from_file_location("tfbook_site", SITE_EXTENSION)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SITE_EXTENSION)
 
 
 def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -> Path:

@@ -1,13 +1,13 @@
 """The cached GPT-2-style vs Llama-style curves that modern_decoder.md reads: written by the
 current script (configs, seeds, recipe, corpus) and reproduced by training again."""
 
-import importlib.util
 import json
 from dataclasses import asdict
 
 import numpy as np
 import pytest
 
+from tests.modules import load_module
 from tfbook.models.gpt import GPTConfig
 from tfbook.paths import BOOK_ROOT
 from tfbook.train.scaling import (
@@ -29,10 +29,7 @@ def cache():
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("decoder_ablation", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def stored_config(run: dict) -> GPTConfig:

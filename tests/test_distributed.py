@@ -6,7 +6,6 @@ same training loop for the weights after a few steps. The ring all-reduce simula
 compared with a plain sum, and the ZeRO memory formula with the paper's own example.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.modules import load_module
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.train import distributed
 from tfbook.train.data import random_windows
@@ -148,10 +148,7 @@ def test_a_failing_process_is_reported_not_hung():
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("ddp_train", ROOT / "scripts" / "ddp_train.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_module(ROOT / "scripts" / "ddp_train.py")
 
 
 def test_torchrun_script_refuses_a_bad_environment_and_bad_sizes():

@@ -1,7 +1,6 @@
 """The cached run of scripts/train_gpt.py: its files load, it used the chapter's recipe, and the
 same code started again retraces its first steps."""
 
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.modules import load_module
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.train.checkpoint import load_checkpoint
@@ -27,10 +27,7 @@ SCRIPT = ROOT / "scripts" / "train_gpt.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("train_gpt", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 @pytest.fixture(scope="module")
