@@ -1,21 +1,21 @@
 """Root pytest configuration: the tests' numeric configuration, and nbval over the chapters.
 
 The chapters execute twice in `make test`, in the book build and under nbval, each under its
-own numeric configuration (tests/numerics.py): the build with the machine's defaults, this
-process and the kernels nbval starts with torch's scalar kernels on one thread. nbval reads
+own numeric configuration (tests/numerics.py): the build with the environment as given (the
+machine's defaults unless it sets them), this process and the kernels nbval starts with
+torch's scalar kernels on one thread. nbval reads
 the MyST-markdown chapters through tests/nbval_myst.py.
 """
 
 import os
 import sys
 
-from tests.numerics import NUMERIC_NAMES, build_numerics, describe, test_numerics
+from tests.numerics import BUILD_NUMERICS, NUMERIC_NAMES, TEST_NUMERICS, describe
 
 # Before anything imports torch: it reads both settings when it starts.
 if "torch" in sys.modules:
     raise RuntimeError("torch was imported before the root conftest.py set the tests' numeric "
                        "configuration; run pytest from the repository root")
-TEST_NUMERICS, BUILD_NUMERICS = test_numerics(), build_numerics()
 for _name in NUMERIC_NAMES:
     os.environ.pop(_name, None)
 os.environ.update(TEST_NUMERICS)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser import CHROMIUM_ARGS, chromium_path
-from tests.numerics import build_numerics, with_numerics
+from tests.numerics import BUILD_NUMERICS, with_numerics
 
 ROOT = Path(__file__).resolve().parent.parent
 # The book is built into $TFBOOK_OUTPUT/_build (default: the repository), with the table of
@@ -30,7 +30,7 @@ def build_command() -> list[str]:
 
 def build_environment() -> dict[str, str]:
     """The book build runs under its own numeric configuration (tests/numerics.py)."""
-    return with_numerics(dict(os.environ), build_numerics())
+    return with_numerics(os.environ, BUILD_NUMERICS)
 
 
 # The book build executes every chapter in its own process. It starts as soon as the tests

@@ -7,27 +7,47 @@ import torch
 
 from tests.conftest import build_environment
 from tests.numerics import (
+    BUILD_NUMERICS,
     NUMERIC_NAMES,
-    build_numerics,
+    STARTING_ENVIRONMENT,
+    TEST_NUMERICS,
+    both_given,
     parse_numerics,
-    test_numerics,
+    resolve,
     with_numerics,
 )
 
 
 def test_this_process_runs_the_test_configuration():
-    settings = test_numerics()
-    if "ATEN_CPU_CAPABILITY" in settings:
-        assert torch.backends.cpu.get_cpu_capability() == settings["ATEN_CPU_CAPABILITY"].upper()
-    if "OMP_NUM_THREADS" in settings:
-        assert os.environ["OMP_NUM_THREADS"] == settings["OMP_NUM_THREADS"]
+    if "ATEN_CPU_CAPABILITY" in TEST_NUMERICS:
+        wanted = TEST_NUMERICS["ATEN_CPU_CAPABILITY"].upper()
+        assert torch.backends.cpu.get_cpu_capability() == wanted
+    assert {k: v for k, v in os.environ.items() if k in NUMERIC_NAMES} == TEST_NUMERICS
 
 
 def test_the_build_runs_another_configuration():
     build = {k: v for k, v in build_environment().items() if k in NUMERIC_NAMES}
-    test = {k: v for k, v in os.environ.items() if k in NUMERIC_NAMES}
-    assert build == build_numerics()
-    assert build != test, "the two executions of the chapters must differ in their numerics"
+    assert build == BUILD_NUMERICS
+    if both_given(STARTING_ENVIRONMENT) and TEST_NUMERICS == BUILD_NUMERICS:
+        pytest.skip("TFBOOK_BUILD_NUMERICS and TFBOOK_TEST_NUMERICS were both set, to the same")
+    assert build != TEST_NUMERICS, "the two executions of the chapters must differ"
+
+
+@pytest.mark.parametrize("environ, test, build", [
+    ({}, {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}, {}),
+    # the reader's own settings go to the build; the tests contrast with scalar kernels
+    ({"OMP_NUM_THREADS": "4"}, {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
+     {"OMP_NUM_THREADS": "4"}),
+    # a build already on scalar kernels and one thread: the tests take the default kernels
+    ({"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"},
+     {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}),
+    ({"TFBOOK_TEST_NUMERICS": "ATEN_CPU_CAPABILITY=avx2", "OMP_NUM_THREADS": "3"},
+     {"ATEN_CPU_CAPABILITY": "avx2"}, {"OMP_NUM_THREADS": "3"}),
+    ({"TFBOOK_BUILD_NUMERICS": "", "ATEN_CPU_CAPABILITY": "avx2"},
+     {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}, {}),
+])
+def test_resolve(environ, test, build):
+    assert resolve(environ) == (test, build)
 
 
 def test_with_numerics_replaces_every_numeric_setting():
@@ -40,8 +60,3 @@ def test_with_numerics_replaces_every_numeric_setting():
 def test_bad_settings_are_refused(text):
     with pytest.raises(ValueError, match="NAME=value"):
         parse_numerics(text, "TFBOOK_TEST_NUMERICS")
-
-
-def test_default_is_scalar_kernels_on_one_thread():
-    assert parse_numerics("ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1", "X") == {
-        "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"}
