@@ -710,3 +710,14 @@ def test_a_leading_byte_order_mark_is_kept() -> None:
       return [ids, t.decode(ids), t.decode(ids.slice(0, 3))];
     }})()""")
     assert page == [ids, text, "\ufeff"]
+
+
+def test_int8_rows_are_tfbook_quantize_rows():
+    """The page's int8 format is tfbook.quantize's absmax rule with one block a row."""
+    from tfbook.quantize import quantise as quantise_blocks
+    from tfbook.widgets.page_model import dequantise, quantise
+
+    w = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
+    w[3] = 0.0  # a row of zeros: scale 1, codes 0
+    entry = quantise("w", w, "int8")
+    assert torch.equal(dequantise("w", entry), quantise_blocks(w, bits=8).values)

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from tfbook.models.gpt import GPT
+from tfbook.quantize import quantise as quantise_blocks
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN
 
@@ -116,8 +117,8 @@ def _b64(array: np.ndarray) -> str:
 def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
     """One tensor as a payload entry {shape, dtype, data[, scale]}; vectors stay float32.
 
-    int8, per row r of a matrix: scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r)
-    (a row of zeros gets scale 1 and q = 0).
+    int8, per row r of a matrix: tfbook.quantize's absmax rule with one block a row,
+    scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r) (a row of zeros: scale 1, q 0).
     """
     if not bool(torch.isfinite(weight).all()):
         raise ValueError(f"weight {name} holds NaN or infinite values: the page cannot run it")
@@ -132,9 +133,10 @@ def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
                              f"beyond float16's largest {FLOAT16_MAX:g}: use dtype 'float32'")
         entry["data"] = _b64(w.astype("<f2"))
     else:  # int8
-        absmax = np.abs(w).max(axis=1)  # (rows,)
-        scale = np.where(absmax > 0, absmax / np.float32(127.0), np.float32(1.0)).astype("<f4")
-        q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype("i1")  # (rows, cols)
+        rows = quantise_blocks(torch.from_numpy(w), bits=8)  # one block a row
+        scale = rows.scale[:, 0, 0].numpy()  # (rows,)
+        scale = np.where(scale > 0, scale, np.float32(1.0)).astype("<f4")
+        q = rows.codes[:, 0, :].numpy().astype("i1")  # (rows, cols), in [-127, 127]
         entry["data"], entry["scale"] = _b64(q), _b64(scale)
     return entry
 
