@@ -1,13 +1,24 @@
 """The default corpus is deterministic, about 1 MB, and the stress lines cover hard cases."""
 
-import hashlib
+import builtins
+import lzma
+import pdb
+import platform
 import subprocess
 import sys
 import unicodedata
 
 import pytest
 
-from tfbook.corpus import stdlib_corpus, stress_lines
+from tfbook import corpus
+from tfbook.corpus import (
+    CORPUS_PYTHON,
+    CORPUS_SHA256,
+    build_stdlib_corpus,
+    corpus_sha256,
+    stdlib_corpus,
+    stress_lines,
+)
 
 
 def test_corpus_size_and_cut():
@@ -20,26 +31,70 @@ def test_corpus_size_and_cut():
 
 
 def corpus_hash_in_fresh_interpreter(first_import: str = "") -> str:
-    code = (f"{first_import}import hashlib; from tfbook.corpus import stdlib_corpus; "
-            "print(hashlib.sha256(stdlib_corpus().encode()).hexdigest())")
+    code = (f"{first_import}from tfbook.corpus import corpus_sha256, stdlib_corpus; "
+            "print(corpus_sha256(stdlib_corpus()))")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
+def test_shipped_corpus_is_the_recorded_text():
+    assert corpus_sha256(stdlib_corpus()) == CORPUS_SHA256
+    assert len(stdlib_corpus()) == 1_052_433
+
+
 def test_corpus_is_identical_in_a_fresh_interpreter():
-    assert corpus_hash_in_fresh_interpreter() == hashlib.sha256(
-        stdlib_corpus().encode()).hexdigest()
+    assert corpus_hash_in_fresh_interpreter() == CORPUS_SHA256
 
 
-def test_corpus_ignores_libraries_that_patch_the_standard_library():
-    # importing torch.package replaces inspect.getfile with its own function
-    assert corpus_hash_in_fresh_interpreter("import torch.package; ") == (
-        corpus_hash_in_fresh_interpreter())
+def test_corpus_ignores_what_a_kernel_or_a_library_swaps(monkeypatch):
+    """An IPython kernel swaps builtins.input and pdb.Pdb; torch.package swaps
+    inspect.getfile. None of it reaches the corpus, in this process or a new one."""
+    assert corpus_hash_in_fresh_interpreter("import torch.package; ") == CORPUS_SHA256
+
+    def swapped_input(prompt=""):
+        """Not the builtin input."""
+
+    swapped_input.__module__ = "some_kernel"
+    monkeypatch.setattr(builtins, "input", swapped_input)
+    monkeypatch.setattr(pdb, "Pdb", type("Pdb", (), {"__module__": "IPython.core.debugger"}))
+    corpus._shipped_corpus.cache_clear()
+    try:
+        assert corpus_sha256(stdlib_corpus()) == CORPUS_SHA256
+        # the in-process reader does see the swaps: that is why the text ships as a file
+        assert corpus._read_standard_library() != stdlib_corpus()
+    finally:
+        monkeypatch.undo()
+        corpus._shipped_corpus.cache_clear()
 
 
-def test_bad_max_bytes():
-    with pytest.raises(ValueError, match="max_bytes must be a non-negative int or None, got -1"):
-        stdlib_corpus(-1)
+@pytest.mark.skipif(platform.python_version() != CORPUS_PYTHON,
+                    reason=f"the shipped corpus was read from Python {CORPUS_PYTHON}")
+def test_rebuilding_from_this_python_gives_the_shipped_bytes():
+    assert build_stdlib_corpus() == stdlib_corpus()
+
+
+def test_a_damaged_corpus_file_is_a_clear_error(tmp_path, monkeypatch):
+    bad = tmp_path / "stdlib_corpus.txt.xz"
+    bad.write_bytes(lzma.compress(b"not the corpus\n"))
+    monkeypatch.setattr(corpus, "CORPUS_FILE", bad)
+    corpus._shipped_corpus.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="has SHA-256 .* expected"):
+            stdlib_corpus()
+        bad.write_bytes(b"garbage")
+        with pytest.raises(RuntimeError, match="missing or damaged"):
+            stdlib_corpus()
+    finally:
+        monkeypatch.undo()
+        corpus._shipped_corpus.cache_clear()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "100", True])
+def test_bad_max_bytes(bad):
+    with pytest.raises(ValueError, match="max_bytes must be a non-negative int or None, got"):
+        stdlib_corpus(bad)
+    with pytest.raises(TypeError, match="corpus_sha256 expects a str, got bytes"):
+        corpus_sha256(b"abc")
 
 
 def test_stress_lines_cover_the_hard_cases():

@@ -1,7 +1,6 @@
 """The training chapter's corpus model: the split, the token streams, the recipe and the
 yardsticks (bits per byte, the unigram model, gzip and xz) against independent references."""
 
-import builtins
 import math
 import shutil
 import subprocess
@@ -10,7 +9,6 @@ from collections import Counter
 import pytest
 import torch
 
-from tfbook import corpus
 from tfbook.corpus import stdlib_corpus
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
@@ -20,7 +18,6 @@ from tfbook.train.corpus_lm import (
     conditional_bits_per_byte,
     corpus_setup,
     eval_windows,
-    fresh_corpus,
     gpt_config,
     sample,
     split_at_line,
@@ -37,26 +34,6 @@ SMALL = 40_000  # bytes of corpus for the quick tests
 @pytest.fixture(scope="module")
 def data():
     return corpus_setup(vocab_size=300, max_bytes=SMALL)
-
-
-def test_fresh_corpus_does_not_see_what_this_process_swapped(monkeypatch):
-    """A kernel swaps builtins.input; the corpus of this process changes, the fresh one not."""
-    clean = stdlib_corpus(SMALL * 20)
-    assert fresh_corpus(SMALL * 20) == clean
-
-    def swapped_input(prompt=""):
-        """Not the builtin input."""
-
-    swapped_input.__module__ = "some_kernel"
-    monkeypatch.setattr(builtins, "input", swapped_input)
-    corpus._full_corpus.cache_clear()
-    try:
-        assert stdlib_corpus(SMALL * 20) != clean  # this process now reads another text
-        fresh_corpus.cache_clear()
-        assert fresh_corpus(SMALL * 20) == clean
-    finally:
-        monkeypatch.undo()
-        corpus._full_corpus.cache_clear()
 
 
 def test_split_at_line_keeps_every_byte_and_cuts_after_a_newline():
@@ -190,7 +167,7 @@ def test_bad_input(data):
     with pytest.raises(ValueError, match="needs a line break before byte"):
         split_at_line("no line break at all", 0.1)
     with pytest.raises(ValueError, match="max_bytes must be a non-negative int or None"):
-        fresh_corpus(-1)
+        corpus_setup(max_bytes=-1)
     with pytest.raises(ValueError, match="vocab_size must be an int >= 256"):
         corpus_setup(vocab_size=100)
     with pytest.raises(ValueError, match="the saved tokenizer has 300 tokens, vocab_size "

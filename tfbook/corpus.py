@@ -1,7 +1,17 @@
-"""The default corpus: English text that every Python 3.11 install carries.
+"""The default corpus: about a megabyte of English from the Python 3.11 standard library.
 
-`stdlib_corpus()` joins the help topics of `pydoc_data.topics` with the docstrings of a fixed
-list of standard-library modules, in a fixed order, so the text is the same on every machine.
+The text is the help topics of `pydoc_data.topics` followed by the docstrings of a fixed list
+of standard-library modules, in a fixed order. It ships with the package, built once from
+Python 3.11.7 (`CORPUS_PYTHON`), so every process, kernel or script, on every Python release
+reads the same bytes, whose SHA-256 (`CORPUS_SHA256`) `stdlib_corpus()` checks.
+
+Why ship it rather than read the running interpreter's docstrings: what a process holds is
+not the standard library as installed. An interactive kernel swaps `builtins.input` and
+`pdb.Pdb` for its own (about 14,000 characters fewer), libraries patch functions at import,
+and the docstrings change between patch releases. `build_stdlib_corpus()` rebuilds the text
+from the running Python in a fresh, isolated interpreter (`python -I -S`), which is how the
+shipped file was made (`scripts/build_corpus.py`).
+
 `stress_lines()` adds short lines that break naive tokenizers (accents, CJK, emoji, ...).
 """
 
@@ -9,10 +19,19 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import importlib
 import inspect
+import lzma
+import subprocess
+import sys
 import types
 import warnings
+from pathlib import Path
+
+CORPUS_FILE = Path(__file__).resolve().parent / "data" / "stdlib_corpus.txt.xz"
+CORPUS_PYTHON = "3.11.7"  # the release whose standard library the shipped text was read from
+CORPUS_SHA256 = "267d723287af8abc74df91cffff6c5895d532513e70ed03ba715b8d9802da755"
 
 # Modules whose docstrings join the corpus, in this order. Chosen for plain English prose,
 # no import side effects, and the same contents on every platform (no `os`, `socket`, ...).
@@ -75,8 +94,8 @@ def _module_docstrings(name: str) -> list[str]:
     return [inspect.cleandoc(d) for d in docs if isinstance(d, str) and d.strip()]
 
 
-@functools.cache
-def _full_corpus() -> str:
+def _read_standard_library() -> str:
+    """The corpus as this process reads it (see `build_stdlib_corpus` for a clean process)."""
     from pydoc_data.topics import topics
 
     parts = [topics[key].strip() for key in sorted(topics)]
@@ -87,17 +106,55 @@ def _full_corpus() -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def stdlib_corpus(max_bytes: int | None = None) -> str:
-    """About 1 MB of English: `pydoc_data.topics` then stdlib docstrings, fixed order.
+def build_stdlib_corpus() -> str:
+    """Rebuild the corpus from the running Python's standard library, in a fresh interpreter.
 
-    With `max_bytes`, the text is cut at the last line break that fits in that many UTF-8
-    bytes, e.g. `stdlib_corpus(200_000)` for a quick experiment.
+    `python -I -S` runs this file with no site-packages, no user site and no environment
+    variables, so nothing has swapped or patched a docstring. On Python `CORPUS_PYTHON` the
+    result equals `stdlib_corpus()`; on another release its docstrings differ a little.
     """
-    text = _full_corpus()
+    done = subprocess.run([sys.executable, "-I", "-S", str(Path(__file__).resolve())],
+                          capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"reading the standard library in a fresh interpreter failed: "
+                           f"{done.stderr.decode(errors='replace')[-500:]}")
+    return done.stdout.decode("utf-8")
+
+
+def corpus_sha256(text: str) -> str:
+    """SHA-256 of a text's UTF-8 bytes, as hex: the fingerprint `CORPUS_SHA256` is."""
+    if not isinstance(text, str):
+        raise TypeError(f"corpus_sha256 expects a str, got {type(text).__name__}")
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@functools.cache
+def _shipped_corpus() -> str:
+    try:
+        text = lzma.decompress(CORPUS_FILE.read_bytes()).decode("utf-8")
+    except (OSError, lzma.LZMAError, UnicodeDecodeError) as error:
+        raise RuntimeError(f"the corpus file {CORPUS_FILE} is missing or damaged ({error}); "
+                           f"scripts/build_corpus.py rebuilds it on Python {CORPUS_PYTHON}"
+                           ) from error
+    if corpus_sha256(text) != CORPUS_SHA256:
+        raise RuntimeError(f"the corpus file {CORPUS_FILE} has SHA-256 {corpus_sha256(text)}, "
+                           f"expected {CORPUS_SHA256}: it was changed or damaged")
+    return text
+
+
+def stdlib_corpus(max_bytes: int | None = None) -> str:
+    """About 1 MB of English: `pydoc_data.topics` then stdlib docstrings (Python 3.11.7).
+
+    The same text in every process (see the module docstring). With `max_bytes`, the text is
+    cut at the last line break that fits in that many UTF-8 bytes, e.g.
+    `stdlib_corpus(200_000)` for a quick experiment.
+    """
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                  or max_bytes < 0):
+        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+    text = _shipped_corpus()
     if max_bytes is None:
         return text
-    if not isinstance(max_bytes, int) or max_bytes < 0:
-        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
     data = text.encode("utf-8")
     if len(data) <= max_bytes:
         return text
@@ -138,3 +195,7 @@ _STRESS_LINES: tuple[str, ...] = (
 def stress_lines() -> list[str]:
     """Hard lines for tokenizers: accents, combining marks, CJK, emoji ZWJ, RTL, odd spaces."""
     return list(_STRESS_LINES)
+
+
+if __name__ == "__main__":  # build_stdlib_corpus runs this file in a fresh interpreter
+    sys.stdout.buffer.write(_read_standard_library().encode("utf-8"))

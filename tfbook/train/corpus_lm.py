@@ -3,7 +3,7 @@
 The chapter's live run and `scripts/train_gpt.py` (the longer, cached run) build everything here,
 so both train the same model on the same tokens:
 
-    corpus_setup()     stdlib corpus (as a fresh interpreter reads it) -> split 90/10 at a
+    corpus_setup()     the stdlib corpus (tfbook.corpus) -> split 90/10 at a
                        line -> BPE trained on the train part -> token streams (N,) for train
                        and validation
     gpt_config()       2 layers x 64 wide x 4 heads, context T = 64, V from the tokenizer
@@ -23,12 +23,9 @@ Shape legend: B batch, T window length, N stream length, V vocab.
 
 from __future__ import annotations
 
-import functools
 import gzip
 import lzma
 import math
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import tfbook
 from tfbook.config import is_int, is_number
+from tfbook.corpus import stdlib_corpus
 from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.bpe import BPETokenizer
@@ -52,29 +49,6 @@ CONTEXT = 64  # T, tokens per training window and the model's context length
 BATCH_SIZE = 16  # B, windows per step
 COMPRESSORS = ("gzip", "xz")
 PROMPT = "The function returns"  # the prompt every sample of the chapter continues
-
-
-@functools.lru_cache(maxsize=4)
-def fresh_corpus(max_bytes: int | None = None) -> str:
-    """`stdlib_corpus(max_bytes)` exactly as a fresh Python process reads it.
-
-    The corpus is made of the docstrings that the running process holds, and an interactive
-    kernel swaps some of them: IPython's kernel replaces `builtins.input` and `pdb.Pdb` with
-    its own, so a notebook would read about 14,000 characters fewer than a script. A new
-    interpreter (-I: no user site, no environment variables) reads the standard library as
-    installed, so the chapter and scripts/train_gpt.py train on the same text.
-    """
-    if max_bytes is not None and (not is_int(max_bytes) or max_bytes < 0):
-        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
-    root = str(Path(tfbook.__file__).resolve().parent.parent)  # where `import tfbook` works
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tfbook.corpus import "
-            "stdlib_corpus; sys.stdout.buffer.write(stdlib_corpus("
-            f"{max_bytes!r}).encode('utf-8'))")
-    done = subprocess.run([sys.executable, "-I", "-c", code, root], capture_output=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"reading the corpus in a fresh interpreter failed: "
-                           f"{done.stderr.decode(errors='replace')[-500:]}")
-    return done.stdout.decode("utf-8")
 
 
 def split_at_line(text: str, val_fraction: float = VAL_FRACTION) -> tuple[str, str]:
@@ -135,7 +109,7 @@ def corpus_setup(
     """
     if not is_int(vocab_size) or vocab_size < 256:
         raise ValueError(f"vocab_size must be an int >= 256 (the bytes), got {vocab_size!r}")
-    train_text, val_text = split_at_line(fresh_corpus(max_bytes), val_fraction)
+    train_text, val_text = split_at_line(stdlib_corpus(max_bytes), val_fraction)
     if tokenizer is not None:
         if not isinstance(tokenizer, BPETokenizer):
             raise TypeError(f"tokenizer must be a BPETokenizer, got {type(tokenizer).__name__}")

@@ -29,9 +29,10 @@ from scipy.optimize import minimize_scalar
 from torch import Tensor
 
 from tfbook.config import is_int
+from tfbook.corpus import stdlib_corpus
 from tfbook.models.gpt import GPT, GPTConfig, gpt_on_meta
 from tfbook.models.params import count_parameters, decoder_forward_flops
-from tfbook.train.corpus_lm import eval_windows, fresh_corpus, window_sampler
+from tfbook.train.corpus_lm import eval_windows, window_sampler
 from tfbook.train.data import split_stream
 from tfbook.train.loop import TrainConfig, evaluate, train
 
@@ -106,9 +107,8 @@ def full_training_flops(config: GPTConfig, tokens: float | np.ndarray,
 
 
 def corpus_bytes() -> bytes:
-    """The default corpus as UTF-8 bytes, as a fresh interpreter reads it (the same text in a
-    notebook kernel and in the sweep's script): byte-level models read it with V = 256."""
-    return fresh_corpus().encode("utf-8")
+    """The default corpus (tfbook.corpus) as UTF-8 bytes: byte-level models read it with V = 256."""
+    return stdlib_corpus().encode("utf-8")
 
 
 def corpus_sha256() -> str:
