@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from tfbook.positional import (
+    alibi_slopes,
+    t5_relative_bucket,
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
     sinusoidal_encoding,
@@ -43,3 +45,42 @@ def test_modules_add_to_the_input_and_check_length():
         sin(torch.randn(1, 17, 8))
     with pytest.raises(ValueError, match="even width C, got C=7"):
         sinusoidal_encoding(4, 7)
+
+
+@pytest.mark.parametrize("H", [1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 40])
+def test_alibi_slopes_match_the_bloom_implementation(H):
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    reference = _get_alibi_slopes(H, torch.device("cpu")).double()  # float32 there
+    assert torch.allclose(alibi_slopes(H), reference, rtol=1e-6, atol=0)
+
+
+def test_alibi_slopes_power_of_two_is_geometric():
+    assert torch.equal(alibi_slopes(8), 2.0 ** -torch.arange(1, 9, dtype=torch.float64))
+
+
+def test_alibi_slopes_refuse_bad_head_counts():
+    with pytest.raises(ValueError, match="at least one head, got H=0"):
+        alibi_slopes(0)
+    with pytest.raises(TypeError, match="H must be an int number of heads, got float"):
+        alibi_slopes(4.0)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64)])
+def test_t5_buckets_match_hugging_face(bidirectional, num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    offsets = torch.arange(-1000, 1001)
+    reference = T5Attention._relative_position_bucket(
+        offsets, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+    )
+    ours = t5_relative_bucket(offsets, bidirectional, num_buckets, max_distance)
+    assert torch.equal(ours, reference)
+
+
+def test_t5_buckets_refuse_bad_input():
+    with pytest.raises(TypeError, match="integer tensor, got dtype torch.float32"):
+        t5_relative_bucket(torch.zeros(3))
+    with pytest.raises(ValueError, match="num_buckets=2"):
+        t5_relative_bucket(torch.zeros(3, dtype=torch.long), num_buckets=2)

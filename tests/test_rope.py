@@ -1,5 +1,7 @@
 """RoPE: relative property (hypothesis), norm preservation, the two conventions."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,8 @@ from tfbook.rope import (
     apply_rope,
     half_split_permutation,
     relative_scores,
+    rope_frequencies,
+    scaled_rope_frequencies,
     to_half_split,
     to_interleaved,
 )
@@ -100,3 +104,39 @@ def test_the_table_is_reused_only_for_the_same_unchanged_positions():
     assert again is not first
     assert torch.allclose(again[0], rope_cos_sin(torch.arange(3, 8), 8)[0])
     assert rope_cos_sin(positions, 8, base=500.0) is not again  # other settings
+
+
+@pytest.mark.parametrize("method,rope_type", [("interpolation", "linear"), ("ntk", "dynamic")])
+@pytest.mark.parametrize("D,factor", [(64, 4.0), (128, 8.0), (16, 2.0)])
+def test_scaled_frequencies_match_hugging_face(method, rope_type, D, factor):
+    from transformers import LlamaConfig
+    from transformers import modeling_rope_utils as utils
+
+    config = LlamaConfig(
+        hidden_size=4 * D, num_attention_heads=4, max_position_embeddings=2048,
+        rope_parameters={"rope_type": rope_type, "factor": factor, "rope_theta": 10000.0},
+    )
+    if rope_type == "linear":
+        reference = utils._compute_linear_scaling_rope_parameters(config)[0]
+    else:
+        # dynamic NTK raises the base by (factor * T / L - (factor - 1))^(D / (D - 2)) at
+        # length T; at T = L (2 factor - 1) / factor that is the static factor^(D / (D - 2))
+        T = 2048 * (2 * factor - 1) / factor
+        reference = utils._compute_dynamic_ntk_parameters(config, seq_len=T)[0]
+    reference = reference.double()  # float32 there
+    ours = scaled_rope_frequencies(D, factor, method)
+    assert torch.allclose(ours, reference, rtol=1e-5, atol=0)
+
+
+def test_ntk_keeps_the_fastest_plane_and_slows_the_slowest_by_the_factor():
+    plain = rope_frequencies(64)
+    ntk = scaled_rope_frequencies(64, 8.0, "ntk")
+    assert math.isclose(ntk[0].item(), plain[0].item())
+    assert math.isclose((plain[-1] / ntk[-1]).item(), 8.0, rel_tol=1e-12)
+
+
+def test_scaled_frequencies_refuse_bad_arguments():
+    with pytest.raises(ValueError, match="method must be one of"):
+        scaled_rope_frequencies(64, 2.0, "yarn")
+    with pytest.raises(ValueError, match="factor >= 1, got factor=0.5"):
+        scaled_rope_frequencies(64, 0.5, "ntk")

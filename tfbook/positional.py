@@ -9,6 +9,8 @@ shuffled the same way, so word order would be invisible.
 Shape legend: B batch, T sequence, C model width.
 """
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -91,3 +93,55 @@ class LearnedPositionalEmbedding(nn.Module):
         """x (B, T, C) -> x + P[positions] (B, T, C); positions (T,) or (B, T), default 0..T-1."""
         positions = check_positions(positions, x, self.max_len)
         return x + self.weight[positions]  # (T, C) or (B, T, C), broadcast over the batch
+
+
+def alibi_slopes(H: int) -> Tensor:
+    """ALiBi's per-head slopes m_h (Press et al. 2022, section 3): (H,), float64.
+
+    For H a power of two the slopes are the geometric sequence 2^(-8/H), 2^(-16/H), ...,
+    2^(-8); otherwise the H' = 2^floor(log2 H) slopes of H' heads are followed by every
+    other slope of 2H' heads, as in the authors' code. alibi_slopes(4) == [1/4, 1/16, 1/64, 1/256]
+    """
+    if isinstance(H, bool) or not isinstance(H, int):
+        raise TypeError(f"H must be an int number of heads, got {type(H).__name__}")
+    if H < 1:
+        raise ValueError(f"ALiBi needs at least one head, got H={H}")
+
+    def power_of_two(n: int) -> Tensor:
+        return 2.0 ** (-8.0 * torch.arange(1, n + 1, dtype=torch.float64) / n)  # (n,)
+
+    H_low = 2 ** (H.bit_length() - 1)  # the largest power of two <= H
+    extra = power_of_two(2 * H_low)[0::2][: H - H_low]  # every other slope of 2H' heads
+    return torch.cat((power_of_two(H_low), extra))  # (H,)
+
+
+def t5_relative_bucket(
+    relative_position: Tensor, bidirectional: bool = True, num_buckets: int = 32,
+    max_distance: int = 128,
+) -> Tensor:
+    """T5's bucket of every offset j - i (Raffel et al. 2020): ints in [0, num_buckets).
+
+    Half the buckets of a direction hold one offset each (0, 1, 2, ...); the other half cover
+    larger offsets with logarithmically wider bins, up to max_distance, beyond which every
+    offset shares the last bucket. Bidirectional: keys after the query get their own half.
+    """
+    if relative_position.dtype.is_floating_point or relative_position.dtype == torch.bool:
+        raise TypeError(
+            f"relative_position must be an integer tensor, got dtype {relative_position.dtype}"
+        )
+    if num_buckets < 4 or max_distance <= num_buckets // (4 if bidirectional else 2):
+        raise ValueError(
+            "need num_buckets >= 4 and max_distance above the exact range, got "
+            f"num_buckets={num_buckets}, max_distance={max_distance}"
+        )
+    bucket = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative_position > 0).long() * num_buckets  # keys after the query
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)  # only keys at or before the query
+    exact = num_buckets // 2  # offsets 0 .. exact-1 get a bucket each
+    log_ratio = torch.log(distance.double().clamp(min=1) / exact) / math.log(max_distance / exact)
+    far = (exact + log_ratio * (num_buckets - exact)).long().clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, far)

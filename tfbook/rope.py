@@ -166,3 +166,27 @@ def relative_scores(
     """
     keys = k.expand(offsets.numel(), -1)  # (N, D): the same key at N positions
     return apply_rope(keys, offsets, base, convention) @ q  # (N, D) @ (D,) -> (N,)
+
+
+SCALINGS = ("interpolation", "ntk")
+
+
+def scaled_rope_frequencies(
+    D: int, factor: float, method: str, base: float = 10000.0
+) -> Tensor:
+    """theta_n of a context stretched `factor` times: (D/2,), float64, fastest first.
+
+    "interpolation" (Chen et al. 2023) divides every frequency by the factor, i.e. squeezes
+    positions 0 .. factor*L back into 0 .. L. "ntk" (NTK-aware scaling, bloc97 2023) raises
+    the base to base * factor^(D / (D - 2)): the first plane is unchanged and the slowest one
+    is slowed by exactly the factor, the planes between by less.
+    """
+    if method not in SCALINGS:
+        raise ValueError(f"method must be one of {SCALINGS}, got {method!r}")
+    if not factor >= 1.0:
+        raise ValueError(f"a context extension needs factor >= 1, got factor={factor}")
+    if method == "interpolation":
+        return rope_frequencies(D, base) / factor
+    if D < 4:
+        raise ValueError(f"NTK-aware scaling needs D >= 4 (two planes), got D={D}")
+    return rope_frequencies(D, base * factor ** (D / (D - 2)))
