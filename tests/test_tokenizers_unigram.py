@@ -12,7 +12,7 @@ import sentencepiece as spm
 
 from tfbook.corpus import stdlib_corpus, stress_lines
 from tfbook.tokenizers import UnigramTokenizer
-from tfbook.tokenizers.unigram import Lattice, split_words, to_pieces_form
+from tfbook.tokenizers.unigram import Lattice, script_class, split_words, to_pieces_form
 
 SMALL = {"<unk>": 0.0, "▁": -2.0, "a": -2.5, "b": -3.0, "ab": -3.2, "ba": -4.0, "▁a": -2.9,
          "aba": -5.0, "c": -6.0}
@@ -37,6 +37,47 @@ def segmentations(s: str, pieces: set[str]):
 def test_split_words_like_sentencepiece():
     assert split_words("Hi  you") == ["▁Hi", "▁", "▁you"]
     assert split_words(" x") == ["▁", "▁x"] and split_words("") == []
+    # line breaks are words of their own; scripts (letters / Common) are never joined
+    assert split_words("a.\n\nThe __all__ 3.14") == [
+        "▁a", ".", "\n", "\n", "The", "▁__", "all", "__", "▁3.14"]
+    assert split_words("a.\n\nThe", boundaries="spaces") == ["▁a.\n\nThe"]
+    # combining marks follow their letter; Han, Hiragana and Katakana are one class
+    assert split_words("nai\u0308ve, 日本語のテキスト αβγ") == [
+        "▁nai\u0308ve", ",", "▁日本語のテキスト", "▁αβγ"]
+    assert [script_class(c) for c in "a1_ß\u0308日α"] == [
+        "LATIN", "Common", "Common", "LATIN", None, "Han", "GREEK"]
+
+
+def is_mixed(piece: str) -> bool:
+    """More than one script class in the piece (a leading ▁ and combining marks aside)."""
+    return len({script_class(c) for c in piece.lstrip("▁")} - {None}) > 1
+
+
+def test_trained_pieces_keep_sentencepiece_boundaries():
+    text = stdlib_corpus(60_000)
+    assert "\n" in text and "__" in text
+    tok = UnigramTokenizer.train(text, 400)
+    assert "\n" in tok.pieces  # the line break is a piece of its own ...
+    assert not [p for p in tok.pieces if len(p) > 1 and ("\n" in p or "\r" in p)]  # ... only
+    assert not [p for p in tok.pieces[1:] if is_mixed(p)]  # (pieces[0] is <unk>)
+    old = UnigramTokenizer.train(text, 400, boundaries="spaces")
+    assert [p for p in old.pieces if len(p) > 1 and "\n" in p]  # what the rules prevent
+    assert [p for p in old.pieces[1:] if is_mixed(p)]
+
+
+def test_trained_pieces_match_sentencepiece_rules(tmp_path):
+    """sentencepiece, trained with its default script rule on the same text, never learns a
+    piece that our rule forbids."""
+    text = stdlib_corpus(100_000)
+    (tmp_path / "train.txt").write_text(text, "utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(tmp_path / "train.txt"), model_prefix=str(tmp_path / "m"),
+        model_type="unigram", vocab_size=600, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, character_coverage=1.0, num_threads=1, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "m.model"))
+    pieces = [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]
+    assert not [p for p in pieces if is_mixed(p)]
+    assert max(map(len, pieces)) == 16  # sentencepiece's default cap, also ours
 
 
 @pytest.mark.parametrize("word", ["▁abab", "▁aba", "▁bab"])
@@ -96,7 +137,7 @@ def test_trained_tokenizer(trained):
     text = stdlib_corpus(60_000)
     assert trained.vocab_size == 400 and trained.pieces[0] == "<unk>"
     assert {c for w in split_words(text) for c in w} <= set(trained.pieces)  # all chars kept
-    assert max(len(p) for p in trained.pieces) <= 12
+    assert max(len(p) for p in trained.pieces) <= 16
     sample = stdlib_corpus(4_000)
     assert trained.decode(trained.encode(sample)) == sample
     assert len(trained.encode(sample)) < 0.6 * len(sample)
@@ -151,6 +192,11 @@ def test_bad_inputs(trained):
     with pytest.raises(ValueError, match="need one score per piece, got 2 pieces and 1 scores"):
         UnigramTokenizer(["<unk>", "a"], [0.0])
     assert list(itertools.islice(split_words("a b"), 2)) == ["▁a", "▁b"]
+    with pytest.raises(ValueError, match=r"boundaries must be one of \('sentencepiece', "
+                                         r"'spaces'\), got 'lines'"):
+        split_words("a b", boundaries="lines")
+    with pytest.raises(ValueError, match="boundaries must be one of"):
+        UnigramTokenizer.train("a b", 10, boundaries=None)
 
 
 def test_text_entry_points_check_their_text(small):

@@ -12,7 +12,13 @@ Encoding is Viterbi (the most probable segmentation); `nbest` lists the n best a
 `sample` draws segmentations for subword regularization.
 
 Text is handled the sentencepiece way: spaces become "▁", one "▁" is put in front, and a
-piece never spans a "▁" except at its start ("the cat" -> "▁the", "▁cat").
+piece never spans a "▁" except at its start ("the cat" -> "▁the", "▁cat"). With the default
+`boundaries="sentencepiece"` the trainer also keeps sentencepiece's two other rules: a piece
+never holds a line break (sentencepiece reads one sentence per line; here a line break is a
+one-character piece of its own, so that encoding stays lossless), and a piece never mixes
+Unicode scripts (`split_by_unicode_script`): letters of one script, or characters of the
+script "Common" (digits, punctuation, symbols), but not both ("__all__" -> "▁__", "all",
+"__"). `boundaries="spaces"` keeps only the first rule.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import heapq
 import math
 import numbers
 import random
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,7 +49,14 @@ from tfbook.tokenizers.base import (
 
 SPACE = "\u2581"  # "▁", the visible stand-in for a space
 UNK_PENALTY = 10.0  # an unknown character scores (lowest piece score - 10), as in sentencepiece
+LINE_BREAKS = "\n\r"  # a piece never holds one (sentencepiece trains on one line at a time)
+BOUNDARIES = ("sentencepiece", "spaces")  # the pre-splitting rules `split_words` knows
 _WORD = regex.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
+_LINE_WORD = regex.compile(f"[{LINE_BREAKS}]|{SPACE}?[^{SPACE}{LINE_BREAKS}]+|{SPACE}")
+_COMMON = regex.compile(r"\p{Script=Common}")
+_INHERITED = regex.compile(r"\p{Script=Inherited}")
+# sentencepiece counts Hiragana, Katakana and the long-vowel mark U+30FC as Han
+_HAN = regex.compile(r"[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\u30FC]")
 
 
 def to_pieces_form(text: str) -> str:
@@ -55,13 +69,76 @@ def to_pieces_form(text: str) -> str:
     return SPACE + text.replace(" ", SPACE) if text else ""
 
 
-def split_words(text: str) -> list[str]:
-    """The words no piece crosses.
+@functools.lru_cache(maxsize=4096)
+def script_class(char: str) -> str | None:
+    """The Unicode script of `char` as sentencepiece's `split_by_unicode_script` sees it:
+    "Common" for digits, punctuation, symbols and spaces, "Han" for Han, Hiragana and
+    Katakana, None for a combining mark (Inherited: it takes the class of the character
+    before it), otherwise the script that starts the character's Unicode name.
+
+    >>> [script_class(c) for c in "a1_ß"]
+    ['LATIN', 'Common', 'Common', 'LATIN']
+    """
+    if _COMMON.match(char):
+        return "Common"
+    if _INHERITED.match(char):
+        return None
+    if _HAN.match(char):
+        return "Han"
+    name = unicodedata.name(char, "").split(" ")[0]
+    try:
+        if regex.match(rf"\p{{Script={name}}}", char):
+            return name  # LATIN, GREEK, CYRILLIC, ARABIC, ...
+    except regex.error:  # the name does not start with a script (a rare letter)
+        pass
+    return f"U+{ord(char):04X}"  # a class of its own
+
+
+def script_runs(word: str) -> list[str]:
+    """`word` cut where the script class changes; a leading ▁ stays with the first run.
+
+    >>> script_runs("▁__all__")
+    ['▁__', 'all', '__']
+    """
+    runs: list[str] = []
+    start, previous = 0, None
+    for k, char in enumerate(word):
+        now = None if char == SPACE else script_class(char)
+        if now is None:
+            continue  # ▁ and combining marks join the run they are in
+        if previous is not None and now != previous:
+            runs.append(word[start:k])
+            start = k
+        previous = now
+    runs.append(word[start:])
+    return runs
+
+
+def split_words(text: str, boundaries: str = "sentencepiece") -> list[str]:
+    r"""The strings no piece crosses, in order.
+
+    "spaces": cut before every ▁. "sentencepiece" (the default): also cut around every line
+    break (a word of its own) and where the script class changes (`script_class`).
 
     >>> split_words("Hi  you")
     ['▁Hi', '▁', '▁you']
+    >>> split_words("x = f(a)\nok")
+    ['▁x', '▁=', '▁f', '(', 'a', ')', '\n', 'ok']
+    >>> split_words("x = f(a)\nok", boundaries="spaces")
+    ['▁x', '▁=', '▁f(a)\nok']
     """
-    return _WORD.findall(to_pieces_form(text))
+    if boundaries not in BOUNDARIES:
+        raise ValueError(f"boundaries must be one of {BOUNDARIES}, got {boundaries!r:.40}")
+    form = to_pieces_form(text)
+    if boundaries == "spaces":
+        return _WORD.findall(form)
+    runs: dict[str, list[str]] = {}  # each distinct word is cut once
+    out: list[str] = []
+    for word in _LINE_WORD.findall(form):
+        if word not in runs:
+            runs[word] = script_runs(word)
+        out += runs[word]
+    return out
 
 
 # --- training: lattices as flat numpy arrays -----------------------------------------------
@@ -223,10 +300,11 @@ class UnigramTokenizer(StringVocabTokenizer):
         text: str,
         vocab_size: int,
         special_tokens: Sequence[str] = ("<unk>",),
-        max_piece_chars: int = 12,
+        max_piece_chars: int = 16,
         seed_factor: int = 20,
         shrink: float = 0.2,
         em_iterations: int = 2,
+        boundaries: str = "sentencepiece",
     ) -> UnigramTokenizer:
         """Learn `vocab_size` pieces (specials included; the first special is the unknown).
 
@@ -234,12 +312,13 @@ class UnigramTokenizer(StringVocabTokenizer):
         (up to `max_piece_chars`), then repeats: `em_iterations` EM steps, drop the `shrink`
         fraction of multi-character pieces with the smallest loss, until the size is
         reached; the EM after the last pruning sets the scores. Pieces that no segmentation
-        uses are dropped on the way, so a small text can end with fewer pieces.
+        uses are dropped on the way, so a small text can end with fewer pieces. No piece
+        crosses the boundaries of `split_words(text, boundaries)`.
         """
         check_text(text)
         if not special_tokens:
             raise ValueError("special_tokens must name at least the unknown token, got none")
-        words = Counter(split_words(text))
+        words = Counter(split_words(text, boundaries))
         if not words:
             raise ValueError("cannot train on an empty text: expected at least one character")
         chars = {c for w in words for c in w}
