@@ -1,8 +1,10 @@
 """WordPiece: the likelihood gain computed two ways, the trainer's choice, greedy longest
 match, BERT pre-processing, save/load and errors."""
 
+import itertools
 import json
 import math
+import unicodedata
 from collections import Counter
 
 import numpy as np
@@ -201,3 +203,51 @@ def test_wordpiece_constructor_and_encode_word_check_their_arguments(tok):
         WordPieceTokenizer([])
     with pytest.raises(TypeError, match="word must be a str, got int"):
         tok.encode_word(5)
+
+
+
+def test_min_gain_stops_at_the_first_merge_below_it():
+    # Schuster & Nakajima's second stopping rule: the vocabulary is a prefix of the default one
+    text = stdlib_corpus(20_000)
+    full = WordPieceTokenizer.train(text, 500)
+    stopped = WordPieceTokenizer.train(text, 500, min_gain=100.0)
+    assert 5 < stopped.vocab_size < full.vocab_size
+    assert stopped.vocab == full.vocab[: stopped.vocab_size]
+    # a threshold below every gain changes nothing (the best gain stays positive here)
+    assert WordPieceTokenizer.train(text, 500, min_gain=0).vocab == full.vocab
+
+
+def test_min_gain_against_the_first_merge_by_brute_force():
+    text = "hug hug hug pug pun bun hugs"
+    words = spelled_words(text)
+    n = Counter()
+    pairs = Counter()
+    for pieces, f in words.items():
+        for t in pieces:
+            n[t] += f
+        for pair in itertools.pairwise(pieces):
+            pairs[pair] += f
+    n_tok = sum(n.values())
+    best = max(float(likelihood_gain(k, n[a], n[b], n_tok, a == b))
+               for (a, b), k in pairs.items())
+    alphabet = 5 + len(n)
+    above = WordPieceTokenizer.train(text, alphabet + 3, min_gain=best + 1e-6)
+    below = WordPieceTokenizer.train(text, alphabet + 3, min_gain=best - 1e-6)
+    assert above.vocab_size == alphabet < below.vocab_size
+
+
+def test_min_gain_is_checked():
+    with pytest.raises(TypeError, match="min_gain must be a number of nats or None, got str"):
+        WordPieceTokenizer.train("hello world", 100, min_gain="1")
+    with pytest.raises(TypeError, match="min_gain must be a number of nats or None, got bool"):
+        WordPieceTokenizer.train("hello world", 100, min_gain=True)
+    with pytest.raises(ValueError, match="min_gain must be a number of nats or None, got nan"):
+        WordPieceTokenizer.train("hello world", 100, min_gain=float("nan"))
+
+
+def test_bert_punctuation_includes_the_ascii_symbols():
+    symbols = "$+<=>^`|~"
+    assert all(unicodedata.category(c).startswith("S") for c in symbols)  # not P* in Unicode
+    assert bert_pretokenize("a$b+c") == ["a", "$", "b", "+", "c"]
+    spaced = ["x"] + [t for c in symbols for t in (c, "x")]
+    assert bert_pretokenize("x" + "x".join(symbols) + "x") == spaced

@@ -124,7 +124,11 @@ def bert_accent_and_case(c: str, strip_accents: bool, lowercase: bool) -> str:
 
 def is_bert_punctuation(c: str) -> bool:
     """BERT's punctuation: ASCII's 32 non-alphanumeric printable characters and the Unicode
-    punctuation categories (P*)."""
+    punctuation categories (P*).
+
+    The ASCII rule also takes in the nine symbols of categories S* (``$ + < = > ^ ` | ~``),
+    so `bert_pretokenize("a$b+c")` gives ['a', '$', 'b', '+', 'c'].
+    """
     return c in string.punctuation or unicodedata.category(c).startswith("P")
 
 
@@ -141,8 +145,12 @@ def bert_normalize(text: str, lowercase: bool = True, strip_accents: bool = True
     """BERT's normalizer: clean (control characters out, whitespace to ' '), space out CJK
     ideographs, strip accents (NFD, drop non-spacing marks), lowercase.
 
-    Lowercasing goes one character at a time, as in the reference: `str.lower()` would make
-    a capital sigma at the end of a word a final sigma ("ΟΔΟΣ" -> "οδοσ", not "οδος").
+    This is Hugging Face `tokenizers`' BertNormalizer, which the tests check id for id: it
+    strips accents, then lowercases, one character at a time. Google's BERT code (and HF's
+    slow Python BertTokenizer) lowercases each whole word with `str.lower()` first and strips
+    accents second. The order changes no character, but `str.lower()` of a whole word gives a
+    capital sigma at its end the final form: "ΟΔΟΣ" -> "οδος" there, "οδοσ" here and in HF's
+    Rust normalizer.
 
     >>> bert_normalize("Héllo\\tWörld 東京")
     'hello world  東  京 '

@@ -5,6 +5,11 @@ A word is written as its first character plus `##`-prefixed continuation charact
 log-likelihood under a unigram model the most (`likelihood_gain`). Encoding takes, from the
 left, the longest vocabulary entry that matches; a word with an unmatchable part, or longer
 than `max_word_chars`, becomes `[UNK]`.
+
+Two other "WordPiece" trainers are common, and neither maximises this gain: the Hugging Face
+course scores a pair by n_ab / (n_a n_b), which ranks pairs by the per-occurrence term of the
+gain; HF `tokenizers`' WordPieceTrainer runs its BPE trainer (most frequent pair) with the
+`##` prefix. Only the encoder (greedy longest match) is the same in all three.
 """
 
 from __future__ import annotations
@@ -38,23 +43,25 @@ def xlogx(x: ArrayLike) -> np.ndarray:
 
 
 def log_likelihood(counts: Mapping[Any, int] | Iterable[int]) -> float:
-    """L = sum_t n_t log(n_t / N): the corpus log-likelihood under a unigram model whose
-    token probabilities are the count ratios P(t) = n_t / N."""
+    """J = sum_t n_t log(n_t / n_tok): the corpus log-likelihood under a unigram model whose
+    token probabilities are the count ratios p(t) = n_t / n_tok (n_tok = sum_t n_t)."""
     n = np.array(list(counts.values() if isinstance(counts, Mapping) else counts), float)
     return float(xlogx(n).sum() - xlogx(n.sum()))
 
 
 def likelihood_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: ArrayLike,
                     same: ArrayLike = False) -> np.ndarray:
-    """Delta(a, b) = L(after merging a, b into c) - L(before), in closed form.
+    """Delta(a, b) = J(after merging a, b into c) - J(before), in closed form.
 
-    With f(x) = x log x and L = sum_t f(n_t) - f(N), the merge moves n_ab occurrences:
-    #c = n_ab, #a -= n_ab, #b -= n_ab, N -= n_ab (if a == b, #a -= 2 n_ab). Only four terms
-    of L change, so Delta = f(#a') - f(#a) + f(#b') - f(#b) + f(#c) - f(N') + f(N).
+    With f(x) = x log x and J = sum_t f(n_t) - f(n_tok), the merge moves n_ab occurrences:
+    #c = n_ab, #a -= n_ab, #b -= n_ab, n_tok -= n_ab (if a == b, #a -= 2 n_ab). Only four terms
+    of J change, so Delta = f(#a') - f(#a) + f(#b') - f(#b) + f(#c) - f(n_tok') + f(n_tok).
+    `n_total` is n_tok.
     Works elementwise on numpy arrays (the trainer scores all pairs at once).
     When n_ab is small next to n_a, n_b and N, a first-order expansion gives
     Delta ~ `occurrence_gain(...)` - n_ab: the per-occurrence shortcut, minus one nat per
-    merge. The popular score n_ab / (n_a n_b) ranks pairs by that per-occurrence term.
+    merge. The popular score n_ab / (n_a n_b) (the Hugging Face course's) ranks pairs by
+    that per-occurrence term, log(n_ab n_tok / (n_a n_b)), and ignores the factor n_ab.
     """
     n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
     distinct = (xlogx(n_a - n_ab) - xlogx(n_a) + xlogx(n_b - n_ab) - xlogx(n_b))
@@ -66,14 +73,18 @@ def likelihood_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: Ar
 def occurrence_gain(n_ab: ArrayLike, n_a: ArrayLike, n_b: ArrayLike, n_total: ArrayLike
                     ) -> np.ndarray:
     """The per-occurrence shortcut: the sum over the occurrences of ab of
-    log P(c) - log P(a) - log P(b), with
-    P(t) = n_t / N before the merge: n_ab log(n_ab N / (n_a n_b))."""
+    log p(c) - log p(a) - log p(b), with
+    p(t) = n_t / n_tok before the merge: n_ab log(n_ab n_tok / (n_a n_b))."""
     n_ab, n_a, n_b, n_total = (np.asarray(v, dtype=np.float64) for v in (n_ab, n_a, n_b, n_total))
     return n_ab * (np.log(n_ab) + np.log(n_total) - np.log(n_a) - np.log(n_b))
 
 
 class WordPieceTokenizer(StringVocabTokenizer):
-    """BERT-style WordPiece: `vocab[i]` is the token of id i; `##x` continues a word."""
+    """BERT-style WordPiece: `vocab[i]` is the token of id i; `##x` continues a word.
+
+    `max_word_chars` = 100 is Hugging Face's `max_input_chars_per_word`; Google's BERT code
+    uses 200. A longer word is one `[UNK]`.
+    """
 
     kind = "wordpiece"
 
@@ -131,13 +142,25 @@ class WordPieceTokenizer(StringVocabTokenizer):
         strip_accents: bool = True,
         prefix: str = "##",
         max_word_chars: int = 100,
+        min_gain: float | None = None,
     ) -> WordPieceTokenizer:
         """Learn a vocabulary of `vocab_size` tokens by likelihood-gain merges.
 
         Each step scores every adjacent pair with `likelihood_gain` and merges the best; ties
-        go to the pair seen first. Stops early when no pair is left.
+        go to the pair seen first. Stops early when no pair is left (every word is one
+        token). By default the sign of the best gain does not matter: the trainer merges
+        until the vocabulary has `vocab_size` tokens. With `min_gain` (in nats) it also stops
+        when the best gain falls below it, the second stopping rule of Schuster & Nakajima
+        (2012).
         """
         check_text(text)
+        if min_gain is not None:
+            if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float, np.floating,
+                                                                       np.integer)):
+                raise TypeError(f"min_gain must be a number of nats or None, got "
+                                f"{type(min_gain).__name__}")
+            if np.isnan(min_gain):
+                raise ValueError("min_gain must be a number of nats or None, got nan")
         specials = list(special_tokens)
         words = Counter(w for w in bert_pretokenize(text, lowercase, strip_accents)
                         if len(w) <= max_word_chars)
@@ -159,7 +182,7 @@ class WordPieceTokenizer(StringVocabTokenizer):
         slots = _PairSlots(sorted(index.pair_counts.items()))
         distinct = len(set(symbols))
         while distinct < vocab_size:
-            best = slots.best(counts)
+            best = slots.best(counts, min_gain)
             if best is None:
                 break
             a, b = best
@@ -289,11 +312,14 @@ class _PairSlots:
                 self.left[k], self.right[k] = pair
             self.n_ab[self.slot[pair]] = pair_counts.get(pair, 0)
 
-    def best(self, counts: np.ndarray) -> Pair | None:
-        """The pair with the largest likelihood gain, or None if no pair is left."""
+    def best(self, counts: np.ndarray, min_gain: float | None = None) -> Pair | None:
+        """The pair with the largest likelihood gain, or None if no pair is left (or, with
+        `min_gain`, if the largest gain is below it)."""
         k = len(self.pairs)
         n_ab, left, right = self.n_ab[:k], self.left[:k], self.right[:k]
         gain = likelihood_gain(n_ab, counts[left], counts[right], counts.sum(), left == right)
         gain = np.where(n_ab > 0, gain, -np.inf)
         best = int(np.argmax(gain))
-        return self.pairs[best] if n_ab[best] > 0 else None
+        if n_ab[best] == 0 or (min_gain is not None and gain[best] < min_gain):
+            return None
+        return self.pairs[best]
