@@ -39,8 +39,16 @@ def test_split_words_like_sentencepiece():
     assert split_words(" x") == ["▁", "▁x"] and split_words("") == []
     # line breaks are words of their own; scripts (letters / Common) are never joined
     assert split_words("a.\n\nThe __all__ 3.14") == [
-        "▁a", ".", "\n", "\n", "The", "▁__", "all", "__", "▁3.14"]
-    assert split_words("a.\n\nThe", boundaries="spaces") == ["▁a.\n\nThe"]
+        "▁a", ".", "\n", "\n", "▁The", "▁__", "all", "__", "▁3.14"]
+    assert split_words("a.\n\nThe", boundaries="spaces") == ["▁a.\n\n", "▁The"]
+
+
+@pytest.mark.parametrize("text", ["a\n\nb", "a\n \nb", " x", "", "\n", "a\r\nb", "\n\n a  \n"])
+def test_every_line_gets_one_space_in_front_and_loses_it_again(text):
+    form = to_pieces_form(text)
+    assert form.count("▁") == text.count(" ") + sum(1 for line in text.split("\n") if line)
+    tok = UnigramTokenizer([*SMALL, "\n", "\r", "x"], [*SMALL.values(), -3.0, -3.0, -3.0])
+    assert tok.decode(tok.encode(text)) == text
     # combining marks follow their letter; Han, Hiragana and Katakana are one class
     assert split_words("nai\u0308ve, 日本語のテキスト αβγ") == [
         "▁nai\u0308ve", ",", "▁日本語のテキスト", "▁αβγ"]
@@ -174,7 +182,10 @@ def test_viterbi_equals_sentencepiece(sentencepiece_model):
     ours = UnigramTokenizer([sp.id_to_piece(i) for i in range(n)],
                             [sp.get_score(i) for i in range(n)],
                             special_tokens=["<unk>", "<s>", "</s>"])
-    lines = stdlib_corpus(250_000).splitlines() + stress_lines()
+    # sentencepiece encodes a text as one sentence and reads training text one line at a
+    # time; tfbook puts a ▁ in front of every line, so the two agree line by line
+    lines = (stdlib_corpus(250_000) + "\n" + "\n".join(stress_lines())).splitlines()
+    assert any("\n" in line for line in stress_lines())
     for line in lines:
         assert ours.encode(line, disallowed_special=()) == sp.encode(line), line
 

@@ -11,8 +11,9 @@ P(s) = prod_i p(t_i). Training starts from many candidate substrings and alterna
 Encoding is Viterbi (the most probable segmentation); `nbest` lists the n best and
 `sample` draws segmentations for subword regularization.
 
-Text is handled the sentencepiece way: spaces become "▁", one "▁" is put in front, and a
-piece never spans a "▁" except at its start ("the cat" -> "▁the", "▁cat"). With the default
+Text is handled the sentencepiece way: spaces become "▁", one "▁" is put in front of every
+line that is not empty (sentencepiece puts one in front of every sentence), and a piece never
+spans a "▁" except at its start ("the cat" -> "▁the", "▁cat"). With the default
 `boundaries="sentencepiece"` the trainer also keeps sentencepiece's two other rules: a piece
 never holds a line break (sentencepiece reads one sentence per line; here a line break is a
 one-character piece of its own, so that encoding stays lossless), and a piece never mixes
@@ -53,6 +54,8 @@ LINE_BREAKS = "\n\r"  # a piece never holds one (sentencepiece trains on one lin
 BOUNDARIES = ("sentencepiece", "spaces")  # the pre-splitting rules `split_words` knows
 _WORD = regex.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
 _LINE_WORD = regex.compile(f"[{LINE_BREAKS}]|{SPACE}?[^{SPACE}{LINE_BREAKS}]+|{SPACE}")
+_LINE_START = regex.compile(r"(?m)^(?=.)")  # the start of a line that is not empty
+_LINE_START_SPACE = regex.compile(f"(?m)^{SPACE}")
 _COMMON = regex.compile(r"\p{Script=Common}")
 _INHERITED = regex.compile(r"\p{Script=Inherited}")
 # sentencepiece counts Hiragana, Katakana and the long-vowel mark U+30FC as Han
@@ -60,13 +63,24 @@ _HAN = regex.compile(r"[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\u30
 
 
 def to_pieces_form(text: str) -> str:
-    """Spaces to ▁ and one ▁ in front ("" stays "").
+    r"""Spaces to ▁ and one ▁ in front of every line that is not empty, as sentencepiece
+    puts one in front of every sentence it reads ("" stays "").
 
     >>> to_pieces_form("Hi  you")
     '▁Hi▁▁you'
+    >>> to_pieces_form("a.\n\nThe")
+    '▁a.\n\n▁The'
     """
-    text = check_text(text)
-    return SPACE + text.replace(" ", SPACE) if text else ""
+    return _LINE_START.sub(SPACE, check_text(text).replace(" ", SPACE))
+
+
+def from_pieces_form(form: str) -> str:
+    r"""The inverse of `to_pieces_form`: ▁ back to spaces, the ▁ in front of each line gone.
+
+    >>> from_pieces_form("▁a.\n\n▁▁The")
+    'a.\n\n The'
+    """
+    return _LINE_START_SPACE.sub("", form).replace(SPACE, " ")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -123,9 +137,9 @@ def split_words(text: str, boundaries: str = "sentencepiece") -> list[str]:
     >>> split_words("Hi  you")
     ['▁Hi', '▁', '▁you']
     >>> split_words("x = f(a)\nok")
-    ['▁x', '▁=', '▁f', '(', 'a', ')', '\n', 'ok']
+    ['▁x', '▁=', '▁f', '(', 'a', ')', '\n', '▁ok']
     >>> split_words("x = f(a)\nok", boundaries="spaces")
-    ['▁x', '▁=', '▁f(a)\nok']
+    ['▁x', '▁=', '▁f(a)\n', '▁ok']
     """
     if boundaries not in BOUNDARIES:
         raise ValueError(f"boundaries must be one of {BOUNDARIES}, got {boundaries!r:.40}")
@@ -440,8 +454,8 @@ class UnigramTokenizer(StringVocabTokenizer):
 
     # --- decoding and saving --------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids -> text: pieces joined, ▁ back to spaces, the leading space removed."""
-        return self.decode_bytes(ids).decode("utf-8").replace(SPACE, " ").removeprefix(" ")
+        """Ids -> text: pieces joined, ▁ back to spaces, the ▁ in front of each line removed."""
+        return from_pieces_form(self.decode_bytes(ids).decode("utf-8"))
 
     @property
     def pieces(self) -> list[str]:
