@@ -176,7 +176,8 @@ def test_bert_functions_check_their_text(function):
 
 
 def test_bert_lowercases_each_character_alone():
-    # str.lower() gives a capital sigma at the end of a word its final form; BERT does not
+    # str.lower() gives a capital sigma at the end of a word its final form (so do Google's
+    # BERT and HF's slow tokenizer); HF tokenizers, lowercasing each character, does not
     # (the parity with HF on every code point is in test_tokenizers_unicode.py).
     assert "ΟΔΟΣ".lower() == "οδος"
     assert bert_normalize("ΟΔΟΣ") == "οδοσ" == "".join(c.lower() for c in "ΟΔΟΣ")
