@@ -145,12 +145,12 @@ def bert_normalize(text: str, lowercase: bool = True, strip_accents: bool = True
     """BERT's normalizer: clean (control characters out, whitespace to ' '), space out CJK
     ideographs, strip accents (NFD, drop non-spacing marks), lowercase.
 
-    This is Hugging Face `tokenizers`' BertNormalizer, which the tests check id for id: it
-    strips accents, then lowercases, one character at a time. Google's BERT code (and HF's
-    slow Python BertTokenizer) lowercases each whole word with `str.lower()` first and strips
-    accents second. The order changes no character, but `str.lower()` of a whole word gives a
-    capital sigma at its end the final form: "ΟΔΟΣ" -> "οδος" there, "οδοσ" here and in HF's
-    Rust normalizer.
+    It follows Hugging Face `tokenizers`' BertNormalizer, which strips accents, then
+    lowercases, one character at a time. Google's BERT code (and HF's slow Python
+    BertTokenizer) lowercases each whole word with `str.lower()` first and strips accents
+    second. The order changes no character, but `str.lower()` of a whole word gives a
+    capital sigma at its end the final form: "ΟΔΟΣ" -> "οδος" there, "οδοσ" here and in
+    HF's Rust normalizer.
 
     >>> bert_normalize("Héllo\\tWörld 東京")
     'hello world  東  京 '
