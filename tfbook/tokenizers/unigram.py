@@ -1,10 +1,11 @@
 """Unigram language-model tokenization (Kudo 2018), as in sentencepiece.
 
 Every piece t has a probability p(t); a segmentation s = (t_1, ..., t_k) of a string has
-P(s) = prod_i p(t_i). Training starts from many candidate substrings and alternates
+p(s) = prod_i p(t_i). Training starts from many candidate substrings and alternates
 
-- EM: expected piece counts under P(s | x) by forward-backward (in log space), then
-  p(t) <- C(t) / sum C;
+- EM: expected piece counts c(t) under p(s | x) by forward-backward (in log space), then
+  p(t) <- c(t) / sum c (Kudo's plain M-step; sentencepiece's trainer uses a digamma update,
+  log p(t) <- psi(c(t)) - psi(sum c), instead);
 - pruning: drop the pieces whose removal costs the least likelihood, keeping every
   single character, until `vocab_size` pieces remain.
 
@@ -248,7 +249,7 @@ class Lattice:
         return beta
 
     def expected_counts(self, logp: np.ndarray, freq: np.ndarray) -> tuple[np.ndarray, float]:
-        """E-step: C(t) = sum_x freq(x) E[count(t) | x], and the corpus log-likelihood."""
+        """E-step: c(t) = sum_x freq(x) E[count(t) | x], and the corpus log-likelihood."""
         alpha, beta = self.forward(logp), self.backward(logp)
         start, end, _ = self.nodes
         log_px = alpha[self.base + self.length]  # log P(x) for every string
@@ -362,11 +363,11 @@ class UnigramTokenizer(StringVocabTokenizer):
                 alive &= single | (counts >= 0.5)  # pieces (almost) nobody uses go at once
                 counts = np.where(alive, np.maximum(counts, 0.5), 0.0)  # characters stay > 0
                 with np.errstate(divide="ignore"):  # log 0 = -inf for the dropped pieces
-                    logp = np.log(counts) - np.log(counts.sum())  # M-step: p = C / sum C
+                    logp = np.log(counts) - np.log(counts.sum())  # M-step: p = c / sum c
             excess = int(alive.sum()) - target
             if excess <= 0:
                 break
-            # loss(t) = C(t) (log p(t) - log P(best cut of t without t)): the likelihood lost
+            # loss(t) = c(t) (log p(t) - log p(best cut of t without t)): the likelihood lost
             # if the occurrences of t had to use their next-best segmentation instead.
             alt = inside.keep(alive).forward(logp, np.maximum)
             alt = alt[inside.base + inside.length]
