@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tfbook.positional import (
-    alibi_slopes,
-    t5_relative_bucket,
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
+    alibi_slopes,
     sinusoidal_encoding,
+    t5_relative_bucket,
 )
 
 
