@@ -225,7 +225,7 @@ class Lattice:
     def forward(self, logp: np.ndarray, combine: np.ufunc = np.logaddexp) -> np.ndarray:
         """alpha[node] = combine over edges into it of alpha[start] + log p(piece).
 
-        With `np.logaddexp`, alpha at a string's end is log P(x) (sum over segmentations);
+        With `np.logaddexp`, alpha at a string's end is log p(x) (sum over segmentations);
         with `np.maximum`, it is the Viterbi score. Nodes are filled in order of offset.
         """
         start, end, n_nodes = self.nodes
@@ -252,8 +252,8 @@ class Lattice:
         """E-step: c(t) = sum_x freq(x) E[count(t) | x], and the corpus log-likelihood."""
         alpha, beta = self.forward(logp), self.backward(logp)
         start, end, _ = self.nodes
-        log_px = alpha[self.base + self.length]  # log P(x) for every string
-        # posterior of an edge: P(all segmentations through it) / P(x)
+        log_px = alpha[self.base + self.length]  # log p(x) for every string
+        # posterior of an edge: p(all segmentations through it) / p(x)
         post = np.exp(alpha[start] + logp[self.piece] + beta[end] - log_px[self.word])
         counts = np.bincount(self.piece, weights=post * freq[self.word], minlength=len(logp))
         return counts, float(freq @ log_px)
@@ -435,7 +435,7 @@ class UnigramTokenizer(StringVocabTokenizer):
         return [(list(ids), total) for total, ids in paths[-1]]
 
     def sample(self, text: str, alpha: float = 0.1, rng: random.Random | None = None) -> list[int]:
-        """Draw a segmentation with probability proportional to P(s)^alpha (subword
+        """Draw a segmentation with probability proportional to p(s)^alpha (subword
         regularization): forward sums, then pieces drawn backwards from the end."""
         rng = rng or random.Random()
         s = to_pieces_form(check_text(text))
