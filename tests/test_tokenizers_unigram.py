@@ -12,7 +12,14 @@ import sentencepiece as spm
 
 from tfbook.corpus import stdlib_corpus, stress_lines
 from tfbook.tokenizers import UnigramTokenizer
-from tfbook.tokenizers.unigram import Lattice, script_class, split_words, to_pieces_form
+from tfbook.tokenizers.unigram import (
+    Lattice,
+    digamma,
+    m_step_update,
+    script_class,
+    split_words,
+    to_pieces_form,
+)
 
 SMALL = {"<unk>": 0.0, "▁": -2.0, "a": -2.5, "b": -3.0, "ab": -3.2, "ba": -4.0, "▁a": -2.9,
          "aba": -5.0, "c": -6.0}
@@ -219,3 +226,26 @@ def test_text_entry_points_check_their_text(small):
             function(b"ab")
         with pytest.raises(ValueError, match="lone surrogate U\\+DFFF at position 1"):
             function("a\udfff")
+
+
+def test_digamma_against_closed_forms():
+    euler = 0.5772156649015329
+    x = np.array([0.5, 1.0, 2.0, 5.0, 11.0, 1e6])
+    harmonic = {1.0: 0.0, 2.0: 1.0, 5.0: 1 + 1 / 2 + 1 / 3 + 1 / 4,
+                11.0: sum(1 / k for k in range(1, 11))}  # psi(n + 1) = H_n - euler
+    expected = [-euler - 2 * math.log(2)] + [h - euler for h in harmonic.values()]
+    expected.append(math.log(1e6) - 0.5e-6)  # psi(x) ~ log x - 1/(2x) for large x
+    assert digamma(x) == pytest.approx(expected, rel=1e-11, abs=1e-11)
+
+
+def test_digamma_m_step_like_sentencepiece():
+    counts, alive = np.array([100.0, 1.0, 0.0]), np.array([True, True, False])
+    em, dg = m_step_update(counts, alive, "em"), m_step_update(counts, alive, "digamma")
+    assert np.exp(em[:2]).sum() == pytest.approx(1.0) and em[2] == dg[2] == -np.inf
+    assert np.exp(dg[:2]).sum() < 1  # the sparse prior: probabilities sum below 1 ...
+    assert np.exp(dg[1] - em[1]) == pytest.approx(math.exp(-0.5772156649) * 101 / 100.5,
+                                                   rel=1e-3)  # ... rare pieces lose most
+    tok = UnigramTokenizer.train(stdlib_corpus(30_000), 300, m_step="digamma")
+    assert sum(math.exp(s) for s in tok.scores[1:]) < 1
+    with pytest.raises(ValueError, match=r"m_step must be one of \('em', 'digamma'\), got 'map'"):
+        UnigramTokenizer.train("a b", 10, m_step="map")
