@@ -1,0 +1,53 @@
+"""Schematic diagrams drawn from a real forward pass: every shape and count is traced.
+
+How to draw a diagram (the API later chapters use):
+
+    from tfbook.diagrams import trace, decoder_stack
+    tr = trace(model, idx)          # runs model(idx) once with hooks on every module
+    decoder_stack(tr)               # a Diagram: shows itself in Jupyter and in the book
+
+- `trace(model, *args, **kwargs) -> Trace` records the input and output shapes of every
+  module call by its dotted name (`tr.shape("blocks.0.attn")`, `tr.input_shape(name)`,
+  `tr.kind(name)`, `tr.module(name)`), and inside each `MultiHeadAttention` the per-head
+  q, k, v, the weights and the heads' output (`tr.attention(name) -> AttentionTrace`).
+  `trace_attention(q, k, v, mask, x)` does the same for one call of the bare function.
+- Figures (each returns a `Diagram`): `attention_path(at)`, `head_split(tr, name)`,
+  `cross_attention(at)`, `masks([(heading, mask), ...], tokens)`, `block(tr, name)`,
+  `blocks_side_by_side((tr, name), (tr, name))`, `ffn(tr, name)`,
+  `ffns_side_by_side(...)`, `decoder_stack(tr, inputs, targets)`, `encoder_stack(tr)`,
+  `encoder_decoder(tr)`, `families(enc_tr, dec_tr, encdec_tr)`.
+- A `Diagram` has `.svg` (the SVG string), `.labels` (every text, as `Label(text, key,
+  shape)`), `.shape_labels` ({key: text} of the traced shapes); it displays as inline SVG
+  whose text and lines take the page's colour (`currentColor`), so it follows a dark theme.
+- A new figure uses the same vocabulary: `Canvas` (box, text, line/arrow, adder, bus for
+  the residual stream, grid for a tensor, swatch for a head), `Node` and the layout
+  functions `column`, `row`, `draw`, `hstack`, which compute every coordinate from the
+  size of the text. A shape is written with `shape_label(letters, traced_shape)`, never typed.
+  Every string is escaped, so labels may hold a reader's tokens.
+"""
+
+from tfbook.diagrams.diagram import Diagram
+from tfbook.diagrams.figures import (
+    attention_path,
+    block,
+    blocks_side_by_side,
+    cross_attention,
+    decoder_stack,
+    encoder_decoder,
+    encoder_stack,
+    families,
+    ffn,
+    ffns_side_by_side,
+    head_split,
+    masks,
+)
+from tfbook.diagrams.layout import Node, Rect, column, draw, hstack, row, shape_label
+from tfbook.diagrams.svg import Canvas, Label, escape
+from tfbook.diagrams.trace import AttentionTrace, Trace, trace, trace_attention
+
+__all__ = [
+    "AttentionTrace", "Canvas", "Diagram", "Label", "Node", "Rect", "Trace", "attention_path",
+    "block", "blocks_side_by_side", "column", "cross_attention", "decoder_stack", "draw",
+    "encoder_decoder", "encoder_stack", "escape", "families", "ffn", "ffns_side_by_side",
+    "head_split", "hstack", "masks", "row", "shape_label", "trace", "trace_attention",
+]

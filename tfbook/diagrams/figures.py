@@ -1,0 +1,664 @@
+"""The book's schematic diagrams, each drawn from a trace of a real forward pass.
+
+Every function takes a `Trace` (or an `AttentionTrace`) and returns a `Diagram`. The legend
+letters (B, T, S, C, H, H_kv, D, F, V) are the book's; every number next to them, and every
+count of heads and layers, is read from the trace or from the traced model itself.
+"""
+
+from __future__ import annotations
+
+from tfbook.diagrams.diagram import Diagram
+from tfbook.diagrams.layout import (
+    GAP,
+    Node,
+    Rect,
+    column,
+    draw,
+    hstack,
+    letters_for,
+    row,
+    shape_label,
+)
+from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
+from tfbook.diagrams.trace import AttentionTrace, Trace
+
+Shape = tuple[int, ...]
+BTC = ("B", "T", "C")
+BSC = ("B", "S", "C")
+QUERY = ("B", "H", "T", "D")
+WEIGHTS = ("B", "H", "T", "S")
+
+
+def _child(name: str, part: str) -> str:
+    """The dotted name of a sub-module ("" is the traced module itself)."""
+    return f"{name}.{part}" if name else part
+
+
+def _check_trace(tr: object, what: str = "trace") -> Trace:
+    if not isinstance(tr, Trace):
+        raise TypeError(f"{what} must be a tfbook.diagrams.Trace (from trace(model, ...)), "
+                        f"got {type(tr).__name__}")
+    return tr
+
+
+def _check_attention(at: object) -> AttentionTrace:
+    if not isinstance(at, AttentionTrace):
+        raise TypeError("expected an AttentionTrace (trace(...).attention(name) or "
+                        f"trace_attention(q, k, v)), got {type(at).__name__}")
+    return at
+
+
+def _kv_legend(at: AttentionTrace) -> tuple[str, ...]:
+    grouped = at.n_kv_heads is not None and at.n_kv_heads != at.n_heads
+    return ("B", "H_kv" if grouped else "H", "S", "D")
+
+
+def _heading(canvas: Canvas, text: str, cx: float, y: float) -> float:
+    """A panel's heading centred at cx above y; returns where the panel's content starts."""
+    canvas.text(cx, y + FONT, text, FONT + 1, bold=True)
+    return y + FONT + 16
+
+
+def _side_note(canvas: Canvas, x: float, y: float, text: str, key: str = "",
+               shape: Shape | None = None, mono: bool = False) -> None:
+    canvas.text(x, y, text, SMALL, mono=mono, anchor="start", key=key, shape=shape)
+
+
+# --- attention ----------------------------------------------------------------------------
+
+def attention_path(at: AttentionTrace, title: str = "Scaled dot-product attention") -> Diagram:
+    """Attention as a data path: X -> Q, K, V -> Q K^T -> / sqrt(D) -> mask -> softmax -> A V.
+
+    With a traced `MultiHeadAttention` the path goes on to the merge of the heads and W_O.
+    """
+    at = _check_attention(at)
+    c = Canvas(title)
+    kv = _kv_legend(at)
+    y = 0.0
+    top: Rect | None = None
+    if at.x is not None:
+        top = draw(c, Node("input X", at.x, letters_for(BTC, at.x), key="x"), 0, y)
+        y = top.bottom + GAP + 6
+    proj = [Node("Q = X W_Q" if top else "queries Q", at.q, letters_for(QUERY, at.q), "attn",
+                 "q"),
+            Node("K = X W_K" if top else "keys K", at.k, letters_for(kv, at.k), "attn", "k"),
+            Node("V = X W_V" if top else "values V", at.v, letters_for(kv, at.v), "attn", "v")]
+    q, k, v = row(c, proj, 0, y)
+    if top is not None:
+        for r in (q, k, v):
+            c.line([(top.cx, top.bottom), (top.cx, top.bottom + 10), (r.cx, top.bottom + 10),
+                    (r.cx, r.y)])
+    steps = [
+        Node("scores Q Kᵀ", at.weights, letters_for(WEIGHTS, at.weights), "attn", "scores",
+             note="one score per query and key"),
+        Node("÷ √D", note=f"D = {at.head_size}", kind="plain"),
+        Node("mask", kind="mask", dashed=not at.masked,
+             note="hidden keys get −∞" if at.masked else "none in this call"),
+        Node("softmax over keys", at.weights, letters_for(WEIGHTS, at.weights), "attn",
+             "weights", note="weights A: each row sums to 1"),
+        Node("A V", at.heads, letters_for(QUERY, at.heads), "attn", "heads",
+             note="a weighted average of values"),
+    ]
+    if at.merged is not None:
+        steps += [Node("merge the heads", at.merged, BTC, key="merged"),
+                  Node("output W_O", at.out, BTC, "attn", "out")]
+    cx = (q.cx + k.cx) / 2
+    y = q.bottom + GAP + 6
+    for r in (q, k):
+        c.line([(r.cx, r.bottom), (r.cx, q.bottom + 12), (cx, q.bottom + 12), (cx, y)])
+    rects = column(c, steps, cx, y, same_width=True)
+    av = rects[4]
+    x_route = max(v.cx, max(r.right for r in rects) + 18)
+    c.line([(v.cx, v.bottom), (v.cx, v.bottom + 12), (x_route, v.bottom + 12), (x_route, av.cy),
+            (av.right, av.cy)])
+    return Diagram(c)
+
+
+def _bands(c: Canvas, cx: float, y: float, n: int, band: float, h: float) -> Rect:
+    """A (T, C) tensor as n coloured slices of its columns, one per head."""
+    x = cx - n * band / 2
+    for i in range(n):
+        c.swatch(x + i * band, y, band, h, i)
+        if band >= 18:
+            c.text(x + (i + 0.5) * band, y + h / 2 + 5, str(i + 1), SMALL)
+    return Rect(x, y, n * band, h)
+
+
+def _heads_row(c: Canvas, cx: float, y: float, n: int, w: float, h: float, gap: float,
+               colour_of=lambda i: i) -> list[Rect]:
+    total = n * w + (n - 1) * gap
+    rects = []
+    for i in range(n):
+        x = cx - total / 2 + i * (w + gap)
+        c.swatch(x, y, w, h, colour_of(i))
+        if w >= 18:
+            c.text(x + w / 2, y + h / 2 + 5, str(i + 1), SMALL)
+        rects.append(Rect(x, y, w, h))
+    return rects
+
+
+def head_split(tr: Trace, name: str) -> Diagram:
+    """Multi-head attention's split and merge: (B, T, C) -> (B, H, T, D) -> ... -> (B, T, C).
+
+    The columns of Q are cut into H slices of D, one per head; with grouped key/value heads
+    each K, V head is drawn under the query heads that share it.
+    """
+    tr = _check_trace(tr)
+    at = tr.attention(name)
+    H, H_kv = at.n_heads, at.n_kv_heads
+    q_flat = tr.shape(_child(name, "q_proj"))
+    c = Canvas(f"Multi-head attention: {H} heads split and merged")
+    band = max(10.0, min(34.0, 340.0 / H))
+    gap = 6.0 if band >= 18 else 2.0
+    head_w = band if band < 18 else band - 2
+    rect = draw(c, Node("input x", at.x, BTC, key="x"), 0, 0)
+    y = rect.bottom + GAP
+    c.arrow(0, rect.bottom, 0, y)
+    _side_note(c, 10, rect.bottom + 17, "Q = x W_Q")
+    flat = _bands(c, 0, y, H, band, 44)
+    _side_note(c, flat.right + 12, flat.cy - 2, "Q, sliced into H heads of D columns")
+    _side_note(c, flat.right + 12, flat.cy + 16, shape_label(BTC, q_flat), "q_flat", q_flat,
+               mono=True)
+    y = flat.bottom + 34
+    c.arrow(0, flat.bottom, 0, y)
+    _side_note(c, 10, flat.bottom + 21, "view (B, T, H, D), transpose(1, 2)")
+    heads = _heads_row(c, 0, y, H, head_w, 36, gap)
+    right = max(heads[-1].right, flat.right)
+    _side_note(c, right + 12, y + 14, f"Q: H = {H} heads", "n_heads", (H,))
+    _side_note(c, right + 12, y + 32, shape_label(QUERY, at.q), "q", at.q, mono=True)
+    y = heads[-1].bottom + 26
+    kv_legend = _kv_legend(at)
+    if H_kv != H:
+        n_rep = H // H_kv
+        for g in range(H_kv):
+            group = heads[g * n_rep:(g + 1) * n_rep]
+            kv_w = group[-1].right - group[0].x
+            c.box(group[0].x, y, kv_w, 26, "attn")
+            if kv_w >= 50:
+                c.text(group[0].x + kv_w / 2, y + 18, f"K, V {g + 1}", SMALL)
+            for member in group:
+                c.line([(member.cx, member.bottom), (member.cx, y)], arrow=False, dashed=True)
+        _side_note(c, right + 12, y + 8,
+                   f"K, V: H_kv = {H_kv} heads, each read by {n_rep} query heads", "n_kv_heads",
+                   (H_kv, n_rep))
+        _side_note(c, right + 12, y + 26, shape_label(kv_legend, at.k), "k", at.k, mono=True)
+        y += 26 + 14
+    else:
+        _side_note(c, right + 12, y - 4, "K and V are split the same way", "n_kv_heads")
+        _side_note(c, right + 12, y + 14, shape_label(kv_legend, at.k), "k", at.k, mono=True)
+        y += 14
+    c.arrow(0, heads[-1].bottom, 0, y + 36)
+    _side_note(c, 10, y + 12, "every head attends on its own:")
+    _side_note(c, 10, y + 29, shape_label(WEIGHTS, at.weights), "weights", at.weights,
+               mono=True)
+    y += 36
+    outs = _heads_row(c, 0, y, H, head_w, 36, gap)
+    _side_note(c, max(outs[-1].right, flat.right) + 12, y + 22,
+               shape_label(QUERY, at.heads), "heads", at.heads, mono=True)
+    y = outs[-1].bottom + 34
+    c.arrow(0, outs[-1].bottom, 0, y)
+    _side_note(c, 10, outs[-1].bottom + 21, "transpose(1, 2), reshape: concatenate")
+    merged = _bands(c, 0, y, H, band, 44)
+    _side_note(c, merged.right + 12, merged.cy + 5, shape_label(BTC, at.merged), "merged",
+               at.merged, mono=True)
+    y = merged.bottom + GAP
+    c.arrow(0, merged.bottom, 0, y)
+    draw(c, Node("output W_O (mixes the heads)", at.out, BTC, "attn", "out"), 0, y)
+    return Diagram(c)
+
+
+def cross_attention(at: AttentionTrace, title: str = "Cross-attention") -> Diagram:
+    """Queries from the decoder's stream, keys and values from the encoder's output."""
+    at = _check_attention(at)
+    if at.source is None:
+        raise ValueError("this attention call had no source: it is self-attention, "
+                         "not cross-attention")
+    c = Canvas(title)
+    kv = _kv_legend(at)
+    left, right = draw(c, Node("encoder output (memory)", at.source, BSC, key="source"), 0, 0), None
+    right = draw(c, Node("decoder stream x", at.x, BTC, key="x"), left.right + 40 + 110, 0)
+    y = max(left.bottom, right.bottom) + GAP
+    kvr = draw(c, Node("K, V = memory W_K, W_V", at.k, letters_for(kv, at.k), "attn", "k"),
+               left.cx, y)
+    qr = draw(c, Node("Q = x W_Q", at.q, QUERY, "attn", "q"), right.cx, y)
+    c.arrow(left.cx, left.bottom, left.cx, kvr.y)
+    c.arrow(right.cx, right.bottom, right.cx, qr.y)
+    cx = (left.cx + right.cx) / 2
+    y = max(kvr.bottom, qr.bottom) + GAP + 10
+    for r in (kvr, qr):
+        c.line([(r.cx, r.bottom), (r.cx, r.bottom + 12), (cx, r.bottom + 12), (cx, y)])
+    rects = column(c, [
+        Node("softmax(Q Kᵀ / √D)", at.weights, WEIGHTS, "attn", "weights",
+             note="each target position reads the source"),
+        Node("A V, merge, W_O", at.out, BTC, "attn", "out"),
+        Node("added to the decoder stream", kind="plain"),
+    ], cx, y)
+    del rects
+    return Diagram(c)
+
+
+def masks(panels: list[tuple[str, object]], tokens: list[str] | None = None,
+          title: str = "Masks") -> Diagram:
+    """Boolean masks drawn cell by cell (filled: may attend), each with its real shape.
+
+    `panels` is a list of (heading, mask tensor); a mask of more than 2 axes is drawn at
+    index 0 of its leading axes (a broadcast axis of size 1 is drawn as one row).
+    `tokens` label the rows (queries) when they match the mask's last axis.
+    """
+    import torch
+
+    if not isinstance(panels, list) or not panels:
+        raise TypeError("masks needs a non-empty list of (heading, mask tensor) pairs")
+    if tokens is not None and not (isinstance(tokens, list)
+                                   and all(isinstance(t, str) for t in tokens)):
+        raise TypeError("tokens must be a list of str")
+    canvases = []
+    for i, panel in enumerate(panels):
+        if not (isinstance(panel, tuple) and len(panel) == 2 and isinstance(panel[0], str)
+                and isinstance(panel[1], torch.Tensor)):
+            raise TypeError(f"panel {i} must be (heading, mask tensor), got {panel!r:.80}")
+        heading, mask = panel
+        if mask.dtype != torch.bool or mask.dim() < 2:
+            raise ValueError(f"panel {heading!r}: a mask is a boolean tensor of at least 2 "
+                             f"axes, got {mask.dtype} of shape {tuple(mask.shape)}")
+        shape = tuple(mask.shape)
+        plane = mask[(0,) * (mask.dim() - 2)]
+        rows, cols = plane.shape
+        cell = max(10.0, min(22.0, 220.0 / max(rows, cols)))
+        c = Canvas(heading)
+        label_w = 0.0
+        if tokens is not None and len(tokens) == rows:
+            label_w = max(text_width(t, SMALL, True) for t in tokens) + 6
+        y = _heading(c, heading, label_w + cols * cell / 2, 0)
+        c.grid(label_w, y, [[1.0 if b else 0.0 for b in r] for r in plane.tolist()], cell)
+        if label_w:
+            for r, tok in enumerate(tokens):
+                c.text(label_w - 6, y + (r + 0.7) * cell, tok, SMALL, mono=True, anchor="end")
+        legend = ["B", "H", "T", "S"] if len(shape) == 4 else ["T", "S"][-len(shape):]
+        if len(shape) not in (2, 4):
+            legend = [f"d{j}" for j in range(len(shape))]
+        c.text(label_w + cols * cell / 2, y + rows * cell + 18, shape_label(legend, shape),
+               SMALL, mono=True, key=f"mask{i}", shape=shape)
+        canvases.append(c)
+    return Diagram(hstack(title, canvases))
+
+
+# --- blocks -------------------------------------------------------------------------------
+
+def _norm_title(tr: Trace, name: str) -> str:
+    return {"LayerNorm": "LayerNorm", "RMSNorm": "RMSNorm"}.get(tr.kind(name), tr.kind(name))
+
+
+def _ffn_node(tr: Trace, name: str, letters: tuple[str, ...] = BTC) -> Node:
+    kind = tr.kind(name)
+    hidden = tr.shape(_child(name, "fc_in"))
+    label = {"FeedForward": "FFN (MLP)", "SwiGLU": "FFN (SwiGLU)"}.get(kind, kind)
+    return Node(label, tr.shape(name), letters, "ffn", name,
+                note="hidden " + shape_label(letters[:-1] + ("F",), hidden))
+
+
+def _attn_node(tr: Trace, name: str, title: str, letters: tuple[str, ...] = BTC) -> Node:
+    at = tr.attention(name)
+    heads = f"H = {at.n_heads} heads"
+    if at.n_kv_heads != at.n_heads:
+        heads += f", H_kv = {at.n_kv_heads}"
+    return Node(title, at.out, letters, "attn", name, note=heads)
+
+
+def block(tr: Trace, name: str, heading: str | None = None) -> Diagram:
+    """One block: the residual stream as a vertical line, each sub-layer reading from it and
+    adding back into it (pre-LN: norm inside the branch; post-LN: norm on the stream)."""
+    return Diagram(_block_canvas(_check_trace(tr), name, heading))
+
+
+def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
+    kind = tr.kind(name)
+    if kind == "SelfAttentionBlock":
+        subs = [(_attn_node(tr, _child(name, "attn"), "self-attention"), _child(name, "norm1")),
+                (_ffn_node(tr, _child(name, "ff")), _child(name, "norm2"))]
+    elif kind == "CrossAttentionBlock":
+        subs = [(_attn_node(tr, _child(name, "self_attn"), "masked self-attention"),
+                 _child(name, "norm1")),
+                (_attn_node(tr, _child(name, "cross_attn"), "cross-attention"),
+                 _child(name, "norm2")),
+                (_ffn_node(tr, _child(name, "ff")), _child(name, "norm3"))]
+    else:
+        raise ValueError(f"{name!r} is a {kind}, not a SelfAttentionBlock or CrossAttentionBlock")
+    pre = bool(tr.module(name).norm_first)
+    c = Canvas(heading or f"{'Pre' if pre else 'Post'}-LN block")
+    width = max(node.width for node, _ in subs)
+    bx, branch = 0.0, 34 + width / 2
+    y = 0.0
+    if heading:
+        y = _heading(c, heading, branch / 2, y)
+    x_in = tr.input_shape(name)
+    top = draw(c, Node("residual stream x", x_in, BTC, "stream", _child(name, "in")), bx, y)
+    bus_from = top.bottom
+    y = top.bottom + 18
+    for node, norm_name in subs:
+        norm = Node(_norm_title(tr, norm_name), kind="norm")
+        c.text(bx - 8, y + 4, "read", SMALL, anchor="end")
+        c.line([(bx, y), (branch, y), (branch, y + 16)])
+        y += 16
+        if pre:
+            r = draw(c, norm, branch, y)
+            c.arrow(branch, r.bottom, branch, r.bottom + 14)
+            y = r.bottom + 14
+        r = draw(c, node, branch, y, width)
+        y_add = r.bottom + 22
+        c.line([(branch, r.bottom), (branch, y_add), (bx + 11, y_add)])
+        c.bus(bx, bus_from, y_add - 11)
+        c.adder(bx, y_add)
+        c.text(bx - 16, y_add + 5, "add", SMALL, anchor="end")
+        bus_from = y_add + 11
+        y = y_add + 24
+        if not pre:
+            c.bus(bx, bus_from, y)
+            r = draw(c, norm, bx, y)
+            bus_from = r.bottom
+            y = r.bottom + 18
+    out_name = _child(name, "out")
+    c.bus(bx, bus_from, y + 4)
+    c.arrow(bx, y + 4, bx, y + 14)
+    draw(c, Node("to the next block", tr.shape(name), BTC, "stream", out_name), bx, y + 14)
+    return c
+
+
+def blocks_side_by_side(pre: tuple[Trace, str], post: tuple[Trace, str]) -> Diagram:
+    """A pre-LN and a post-LN block next to each other, each from its own trace."""
+    for what, pair in (("pre", pre), ("post", post)):
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise TypeError(f"{what} must be a (trace, block name) pair, got {pair!r:.60}")
+        _check_trace(pair[0], f"{what}[0]")
+    a = _block_canvas(pre[0], pre[1], "pre-LN: x + f(norm(x))")
+    b = _block_canvas(post[0], post[1], "post-LN: norm(x + f(x))")
+    if pre[0].module(pre[1]).norm_first is not True or post[0].module(post[1]).norm_first:
+        raise ValueError("pre must be a pre-LN block (norm_first=True), post a post-LN one")
+    return Diagram(hstack("Pre-LN and post-LN blocks", [a, b], 56, ["pre.", "post."]))
+
+
+def ffn(tr: Trace, name: str, heading: str | None = None) -> Diagram:
+    """The position-wise feed-forward network: C -> F -> C (MLP), or gated (SwiGLU)."""
+    return Diagram(_ffn_canvas(_check_trace(tr), name, heading))
+
+
+def _ffn_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
+    kind = tr.kind(name)
+    mod = tr.module(name)
+    act = getattr(mod.act, "__name__", type(mod.act).__name__)
+    hidden = tr.shape(_child(name, "fc_in"))
+    c = Canvas(heading or kind)
+    y = _heading(c, heading, 0, 0) if heading else 0.0
+    top = draw(c, Node("x", tr.input_shape(name), BTC, key=_child(name, "in")), 0, y)
+    y = top.bottom + GAP
+    if kind == "FeedForward":
+        rects = column(c, [Node("W_1: widen", hidden, ("B", "T", "F"), "ffn",
+                                _child(name, "fc_in")),
+                           Node(act, kind="plain", note="one unit at a time"),
+                           Node("W_2: back to C", tr.shape(_child(name, "fc_out")), BTC, "ffn",
+                                _child(name, "fc_out"))], 0, y)
+        c.arrow(0, top.bottom, 0, y)
+    elif kind == "SwiGLU":
+        gate_shape = tr.shape(_child(name, "fc_gate"))
+        gate, up = row(c, [Node("W_gate", gate_shape, ("B", "T", "F"), "ffn",
+                                _child(name, "fc_gate")),
+                           Node("W_1", hidden, ("B", "T", "F"), "ffn", _child(name, "fc_in"))],
+                       0, y)
+        for r in (gate, up):
+            c.line([(0, top.bottom), (0, top.bottom + 10), (r.cx, top.bottom + 10), (r.cx, r.y)])
+        y = gate.bottom + GAP
+        g = draw(c, Node(act, kind="plain"), gate.cx, y)
+        c.arrow(gate.cx, gate.bottom, gate.cx, g.y)
+        y = g.bottom + GAP
+        c.line([(g.cx, g.bottom), (g.cx, y), (-11, y)])
+        c.line([(up.cx, up.bottom), (up.cx, y), (11, y)])
+        c.adder(0, y, "×")
+        _side_note(c, 16, y + 24, "gate × value, unit by unit")
+        y += 11 + GAP + 8
+        rects = [draw(c, Node("W_2: back to C", tr.shape(_child(name, "fc_out")), BTC, "ffn",
+                              _child(name, "fc_out")), 0, y)]
+        c.arrow(0, y - GAP - 8, 0, y)
+    else:
+        raise ValueError(f"{name!r} is a {kind}, not a FeedForward or SwiGLU")
+    del rects
+    return c
+
+
+def ffns_side_by_side(mlp: tuple[Trace, str], swiglu: tuple[Trace, str]) -> Diagram:
+    """The MLP and the SwiGLU feed-forward networks next to each other."""
+    a = _ffn_canvas(_check_trace(mlp[0], "mlp[0]"), mlp[1], "MLP: W_2 act(x W_1)")
+    b = _ffn_canvas(_check_trace(swiglu[0], "swiglu[0]"), swiglu[1],
+                    "SwiGLU: W_2 (silu(x W_gate) × x W_1)")
+    return Diagram(hstack("Feed-forward networks", [a, b], 48, ["mlp.", "swiglu."]))
+
+
+# --- whole models -------------------------------------------------------------------------
+
+def _tokens(name: str, tokens: object) -> list[str] | None:
+    if tokens is None:
+        return None
+    if not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
+        raise TypeError(f"{name} must be a list of str (tokens), got {tokens!r:.60}")
+    return tokens
+
+
+def _visible(token: str) -> str:
+    """A token as a reader can see it: a space as ␣, control characters escaped."""
+    return repr(token)[1:-1].replace(" ", "␣") or "∅"
+
+
+def _shift_strip(c: Canvas, cx: float, y: float, inputs: list[str], targets: list[str],
+                 most: int = 8) -> None:
+    """Inputs over targets: target t is input t + 1, drawn as a diagonal arrow."""
+    n = min(len(inputs), len(targets), most)
+    cells = [_visible(t) for t in inputs[:n] + targets[:n]]
+    w = max(text_width(t, SMALL, True) for t in cells) + 10
+    w = max(w, 26.0)
+    total = n * (w + 6)
+    x0 = cx - total / 2 + 40
+    c.text(x0 - 8, y + 18, "input", SMALL, anchor="end")
+    c.text(x0 - 8, y + 76, "target", SMALL, anchor="end")
+    for j in range(n):
+        x = x0 + j * (w + 6)
+        for yy, tok, kind in ((y, inputs[j], "embed"), (y + 58, targets[j], "head")):
+            c.box(x, yy, w, 26, kind)
+            c.text(x + w / 2, yy + 18, _visible(tok), SMALL, mono=True)
+        if j + 1 < n:
+            c.arrow(x + w + 6 + w / 2, y + 26, x + w / 2, y + 58, dashed=True)
+    if min(len(inputs), len(targets)) > n:
+        c.text(x0 + total + 4, y + 48, "…", FONT, anchor="start")
+
+
+def decoder_stack(tr: Trace, inputs: list[str] | None = None, targets: list[str] | None = None,
+                  compact: bool = False, heading: str | None = None) -> Diagram:
+    """A decoder-only model (GPT): ids, embeddings, N causal blocks, final norm, the LM head
+    tied to the token embedding, and (given the tokens) the input/target shift."""
+    return Diagram(_decoder_canvas(_check_trace(tr), _tokens("inputs", inputs),
+                                   _tokens("targets", targets), compact, heading))
+
+
+def _decoder_canvas(tr: Trace, inputs: list[str] | None, targets: list[str] | None,
+                    compact: bool, heading: str | None) -> Canvas:
+    model = tr.model
+    if tr.kind("") != "GPT":
+        raise ValueError(f"decoder_stack draws a GPT, got a {tr.kind('')}")
+    n = len(model.blocks)
+    c = Canvas(heading or f"Decoder-only model, {n} blocks")
+    y = _heading(c, heading, 0, 0) if heading else 0.0
+    nodes = [Node("token ids", tr.input_shape("tok_emb"), ("B", "T"), key="ids")]
+    emb = tuple(model.tok_emb.weight.shape)
+    nodes.append(Node("token embedding E", tr.shape("tok_emb"), BTC, "embed", "tok_emb",
+                      note="E: " + shape_label(("V", "C"), emb)))
+    if "pos_emb" in tr.calls:
+        nodes.append(Node("+ position embedding", tr.shape("pos_emb"), BTC, "embed", "pos_emb"))
+    at = tr.attention("blocks.0.attn")
+    heads = f"H = {at.n_heads}" + (f", H_kv = {at.n_kv_heads}" if at.n_kv_heads != at.n_heads
+                                   else "")
+    if compact or n > 3:
+        nodes.append(Node(f"{n} × decoder block", tr.shape(f"blocks.{n - 1}"), BTC, "attn",
+                          "blocks", note=f"causal ({heads}), FFN"))
+    else:
+        for i in range(n):
+            nodes.append(Node(f"block {i + 1}", tr.shape(f"blocks.{i}"), BTC, "attn",
+                              f"blocks.{i}", note=f"causal self-attention ({heads}), FFN"))
+    nodes.append(Node("final norm", tr.shape("norm_f"), BTC, "norm", "norm_f"))
+    tied = model.lm_head.weight is model.tok_emb.weight
+    nodes.append(Node("LM head: logits", tr.shape("lm_head"), ("B", "T", "V"), "head", "logits",
+                      note="h Eᵀ: the same E, tied" if tied else "its own (V, C) matrix"))
+    rects = column(c, nodes, 0, y, same_width=True)
+    if tied:
+        emb_r, head_r = rects[1], rects[-1]
+        xr = head_r.right + 20
+        c.line([(head_r.right, head_r.cy), (xr, head_r.cy), (xr, emb_r.cy),
+                (emb_r.right, emb_r.cy)], dashed=True)
+        c.text(xr + 6, (emb_r.cy + head_r.cy) / 2, "tied", SMALL, anchor="start")
+    if inputs is not None and targets is not None:
+        y = rects[-1].bottom + 20
+        c.text(0, y + 12, "loss: cross-entropy of the logits at t against token t + 1", SMALL)
+        _shift_strip(c, 0, y + 26, inputs, targets)
+    return c
+
+
+def _frame(c: Canvas, nodes: list[Node], cx: float, y: float, count: int, label: str,
+           gap: float = 14, right: bool = False) -> list[Rect]:
+    """A dashed frame around a column of nodes, marked "N ×" on its left (or right)."""
+    width = max(n.width for n in nodes) + 20
+    height = sum(n.height for n in nodes) + gap * (len(nodes) - 1) + 20
+    c.box(cx - width / 2, y, width, height, "plain", dashed=True)
+    c.text(cx + width / 2 + 8 if right else cx - width / 2 - 8, y + height / 2 + 5,
+           f"{count} ×", FONT, bold=True, anchor="start" if right else "end", key=label,
+           shape=(count,))
+    return column(c, nodes, cx, y + 10, gap, same_width=True)
+
+
+def _sublayers(pre: bool, first: Node, *more: Node) -> list[Node]:
+    out: list[Node] = []
+    for node in (first, *more):
+        if pre:
+            out += [Node("norm", kind="norm"), node, Node("add", kind="plain")]
+        else:
+            out += [node, Node("add & norm", kind="norm")]
+    return out
+
+
+def encoder_decoder(tr: Trace, compact: bool = False, heading: str | None = None) -> Diagram:
+    """The encoder-decoder (Vaswani et al., figure 1) with the traced shapes."""
+    return Diagram(_encdec_canvas(_check_trace(tr), compact, heading))
+
+
+def _encdec_canvas(tr: Trace, compact: bool, heading: str | None) -> Canvas:
+    if tr.kind("") != "Transformer":
+        raise ValueError(f"encoder_decoder draws a Transformer, got a {tr.kind('')}")
+    model = tr.model
+    n_enc, n_dec = len(model.encoder), len(model.decoder)
+    pre = bool(model.config.norm_first)
+    src_emb = "src_emb"
+    tgt_emb, tgt_call = ("src_emb", 1) if model.tgt_emb is model.src_emb else ("tgt_emb", 0)
+    src_ids = tr.input_shape(src_emb)
+    tgt_ids = tr.input_shape(tgt_emb, tgt_call)
+    src_x, tgt_x = tr.shape("pos_enc", 0), tr.shape("pos_enc", 1)
+    enc_at = tr.attention("encoder.0.attn")
+    self_at = tr.attention("decoder.0.self_attn")
+    cross_at = tr.attention("decoder.0.cross_attn")
+    ff_e = tr.shape("encoder.0.ff.fc_in")
+    ff_d = tr.shape("decoder.0.ff.fc_in")
+    H = f"H = {enc_at.n_heads}"
+    if compact:
+        enc_inner = [Node(f"{n_enc} × encoder block", tr.shape(f"encoder.{n_enc - 1}"), BSC,
+                          "attn", "encoder", note=f"attention ({H}), FFN")]
+        dec_inner = [Node(f"{n_dec} × decoder block", tr.shape(f"decoder.{n_dec - 1}"), BTC,
+                          "attn", "decoder", note="masked, cross, FFN")]
+        cross_index = 0
+    else:
+        enc_inner = _sublayers(pre, Node("self-attention", enc_at.weights, ("B", "H", "S", "S"),
+                                         "attn", "enc_weights", note=H),
+                               Node("FFN", ff_e, ("B", "S", "F"), "ffn", "enc_ffn"))
+        dec_inner = _sublayers(pre, Node("masked self-attention", self_at.weights,
+                                         ("B", "H", "T", "T"), "attn", "dec_self", note=H),
+                               Node("cross-attention", cross_at.weights, WEIGHTS, "attn",
+                                    "cross", note="Q: decoder, K, V: memory"),
+                               Node("FFN", ff_d, ("B", "T", "F"), "ffn", "dec_ffn"))
+        cross_index = 4 if pre else 2
+    w_enc = max(n.width for n in enc_inner) + (0 if compact else 20)
+    w_dec = max(n.width for n in dec_inner) + (0 if compact else 20)
+    xe = 0.0
+    xd = w_enc / 2 + (70 if compact else 80) + w_dec / 2
+    c = Canvas(heading or "Encoder-decoder transformer")
+    y0 = _heading(c, heading, xd / 2, 0) if heading else 0.0
+    # encoder column
+    head_e = column(c, [Node("source ids", src_ids, ("B", "S"), key="src"),
+                        Node("embed × √C + PE", src_x, BSC, "embed", "src_x")], xe, y0,
+                    same_width=True)
+    y = head_e[-1].bottom + GAP
+    c.arrow(xe, head_e[-1].bottom, xe, y)
+    enc = (column(c, enc_inner, xe, y) if compact
+           else _frame(c, enc_inner, xe, y, n_enc, "n_enc"))
+    end = enc[-1].bottom + (0 if compact else 10)
+    y = end + GAP
+    c.arrow(xe, end, xe, y)
+    memory = (tr.shape(f"encoder.{n_enc - 1}") if model.encoder_norm is None
+              else tr.shape("encoder_norm"))
+    mem = draw(c, Node("memory", memory, BSC, "stream", "memory", note="the encoder's output"),
+               xe, y)
+    # decoder column
+    head_d = column(c, [Node("target ids (shifted)" if compact else "target ids, shifted right",
+                             tgt_ids, ("B", "T"), key="tgt"),
+                        Node("embed × √C + PE", tgt_x, BTC, "embed", "tgt_x")], xd, y0,
+                    same_width=True)
+    y = head_d[-1].bottom + GAP
+    c.arrow(xd, head_d[-1].bottom, xd, y)
+    dec = (column(c, dec_inner, xd, y) if compact
+           else _frame(c, dec_inner, xd, y, n_dec, "n_dec", right=True))
+    end = dec[-1].bottom + (0 if compact else 10)
+    y = end + GAP
+    c.arrow(xd, end, xd, y)
+    tail = [Node("linear (LM head)", tr.shape("lm_head"), ("B", "T", "V"), "head", "logits")]
+    if not compact:
+        tail.append(Node("softmax: next-token probabilities", kind="plain"))
+    column(c, tail, xd, y)
+    cross = dec[cross_index]
+    x_mid = (xe + w_enc / 2 + xd - w_dec / 2) / 2
+    c.line([(mem.right, mem.cy), (x_mid, mem.cy), (x_mid, cross.cy), (cross.x, cross.cy)])
+    c.text(x_mid + 4, (mem.cy + cross.cy) / 2 + 5, "K, V", SMALL, anchor="start")
+    return c
+
+
+def encoder_stack(tr: Trace, compact: bool = True, heading: str | None = None) -> Diagram:
+    """An encoder-only model (BERT): ids, embeddings, N bidirectional blocks, hidden states."""
+    return Diagram(_encoder_canvas(_check_trace(tr), heading))
+
+
+def _encoder_canvas(tr: Trace, heading: str | None) -> Canvas:
+    root = tr.kind("")
+    prefix = {"Bert": "", "BertForMaskedLM": "bert."}.get(root)
+    if prefix is None:
+        raise ValueError(f"encoder_stack draws a Bert or BertForMaskedLM, got a {root}")
+    bert = tr.module(prefix[:-1]) if prefix else tr.model
+    n = len(bert.blocks)
+    at = tr.attention(f"{prefix}blocks.0.attn")
+    c = Canvas(heading or f"Encoder-only model, {n} blocks")
+    y = _heading(c, heading, 0, 0) if heading else 0.0
+    nodes = [Node("token ids", tr.input_shape(f"{prefix}embeddings"), ("B", "T"), key="ids"),
+             Node("embeddings + positions", tr.shape(f"{prefix}embeddings"), BTC, "embed",
+                  "emb"),
+             Node(f"{n} × encoder block", tr.shape(f"{prefix}blocks.{n - 1}"), BTC, "attn",
+                  "blocks", note=f"both ways (H = {at.n_heads}), FFN")]
+    if root == "BertForMaskedLM":
+        nodes.append(Node("MLM head: logits", tr.shape("mlm_head"), ("B", "T", "V"), "head",
+                          "logits", note="a word for each hidden token"))
+    else:
+        nodes.append(Node("one vector per token", tr.shape(f"{prefix}blocks.{n - 1}"), BTC,
+                          "stream", "hidden"))
+    column(c, nodes, 0, y, same_width=True)
+    return c
+
+
+def families(encoder: Trace, decoder: Trace, encoder_decoder: Trace) -> Diagram:
+    """The three families side by side: encoder (BERT), decoder (GPT), encoder-decoder."""
+    a = _encoder_canvas(_check_trace(encoder, "encoder"), "encoder-only (BERT)")
+    b = _decoder_canvas(_check_trace(decoder, "decoder"), None, None, True,
+                        "decoder-only (GPT)")
+    d = _encdec_canvas(_check_trace(encoder_decoder, "encoder_decoder"), True,
+                       "encoder-decoder (Vaswani et al.)")
+    return Diagram(hstack("Three families of transformers", [a, b, d], 28,
+                          ["encoder.", "decoder.", "encdec."]))
