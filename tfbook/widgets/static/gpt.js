@@ -149,11 +149,13 @@ function gelu(x) {
   return 0.5 * x * (1 + erf(x / Math.SQRT2));
 }
 
-/** act(x W_1 + b_1) W_2 + b_2 at each position: x (T, C) -> (T, C) (Vaswani 3.3). */
-function feedForward(x, T, ff, config) {
+/** act(x W_1 + b_1) W_2 + b_2 at each position: x (T, C) -> (T, C) (Vaswani 3.3).
+ *  `record(name, tensor)`, if given, receives the hidden units (T, F) as "hidden". */
+function feedForward(x, T, ff, config, record = null) {
   const act = config.activation === "gelu" ? gelu : geluTanh;
   const h = linear(x, T, config.d_model, ff.fc_in.weight, ff.fc_in.bias, config.d_ff);  // (T, F)
   for (let i = 0; i < h.length; i++) h[i] = act(h[i]);
+  if (record) record("hidden", h);
   return linear(h, T, config.d_ff, ff.fc_out.weight, ff.fc_out.bias, config.d_model);  // (T, C)
 }
 
@@ -192,12 +194,14 @@ class KVCache {
 }
 
 /** Causal multi-head self-attention with a cache (Vaswani 3.2.2): x (T, C) -> y (T, C) and,
- *  if asked, the weights (H, T, S), where the T queries are the last T of the S positions. */
-function multiHeadAttention(x, T, attn, cache, needWeights, config) {
+ *  if asked, the weights (H, T, S), where the T queries are the last T of the S positions.
+ *  `record(name, tensor)`, if given, receives "q", "k", "v" (T, C) (the model explorer). */
+function multiHeadAttention(x, T, attn, cache, needWeights, config, record = null) {
   const C = config.d_model, H = config.n_heads, D = C / H;
   const q = linear(x, T, C, attn.q_proj.weight, attn.q_proj.bias, C);  // (T, C) = (T, H, D)
   const k = linear(x, T, C, attn.k_proj.weight, attn.k_proj.bias, C);  // (T, C)
   const v = linear(x, T, C, attn.v_proj.weight, attn.v_proj.bias, C);  // (T, C)
+  if (record) { record("q", q); record("k", k); record("v", v); }
   cache.update(k, v, T);
   const S = cache.length, start = S - T;
   const keys = cache.keys, values = cache.values;  // (S, C) each
@@ -238,16 +242,24 @@ function multiHeadAttention(x, T, attn, cache, needWeights, config) {
 }
 
 /** x + Sublayer(Norm(x)) twice, self-attention then FFN (pre-LN, tfbook/blocks.py):
- *  x (T, C) -> (T, C) and the attention weights (H, T, S) or null. */
-function selfAttentionBlock(x, T, block, cache, needWeights, config) {
+ *  x (T, C) -> (T, C) and the attention weights (H, T, S) or null. `record(name, tensor)`,
+ *  if given, receives every intermediate under the names of tfbook.widgets.explorer. */
+function selfAttentionBlock(x, T, block, cache, needWeights, config, record = null) {
   const C = config.d_model, eps = config.norm_eps;
   const h1 = layerNorm(x, T, C, block.norm1.weight, block.norm1.bias, eps);
-  const { y, weights } = multiHeadAttention(h1, T, block.attn, cache, needWeights, config);
+  const inner = record && ((name, tensor) => record(`attn.${name}`, tensor));
+  const { y, weights } = multiHeadAttention(h1, T, block.attn, cache, needWeights, config, inner);
   const x1 = new Float32Array(T * C);
   for (let i = 0; i < x1.length; i++) x1[i] = x[i] + y[i];  // the residual stream
   const h2 = layerNorm(x1, T, C, block.norm2.weight, block.norm2.bias, eps);
-  const f = feedForward(h2, T, block.ff, config);
+  const hidden = record && ((name, tensor) => record(`ff.${name}`, tensor));
+  const f = feedForward(h2, T, block.ff, config, hidden);
+  if (record) {  // x1 is updated in place below: the stream after attention is a copy
+    record("norm1", h1); record("attn", y); record("attn.weights", weights);
+    record("resid1", Float32Array.from(x1)); record("norm2", h2); record("ff", f);
+  }
   for (let i = 0; i < x1.length; i++) x1[i] += f[i];
+  if (record) record("resid2", x1);
   return { x: x1, weights };
 }
 
@@ -312,8 +324,10 @@ class PageGPT {
 
   /** ids (T,) -> {logits (T, V) (or (1, V) with lastOnly), attentions: per block (H, T, S)
    *  when needWeights}; position t predicts token t + 1. With a `cache` the positions
-   *  continue after its contents, and this call's keys and values are appended to it. */
-  forward(ids, { cache = null, needWeights = false, lastOnly = false } = {}) {
+   *  continue after its contents, and this call's keys and values are appended to it.
+   *  `record(name, tensor)`, if given, receives every intermediate tensor (Float32Array)
+   *  under the box keys of tfbook.widgets.explorer ("tok_emb", "blocks.0.attn.q", ...). */
+  forward(ids, { cache = null, needWeights = false, lastOnly = false, record = null } = {}) {
     const { d_model: C, vocab_size: V, max_len: maxLen } = this.config;
     const T = ids.length;
     const start = cache ? cache.length : 0;
@@ -335,9 +349,18 @@ class PageGPT {
         x[t * C + c] = tokEmb[ids[t] * C + c] + posEmb[(start + t) * C + c];  // E[id] + P[pos]
       }
     }
+    if (record) {
+      const rowsOfE = new Float32Array(T * C);  // (T, C): E[id] at each position
+      ids.forEach((id, t) => rowsOfE.set(tokEmb.subarray(id * C, id * C + C), t * C));
+      record("tok_emb", rowsOfE);
+      record("pos_emb", posEmb.slice(start * C, (start + T) * C));
+      record("embed", x);
+    }
     const attentions = [];
     this.blocks.forEach((block, i) => {
-      const out = selfAttentionBlock(x, T, block, layerCaches[i], needWeights, this.config);
+      const inBlock = record && ((name, tensor) => record(`blocks.${i}.${name}`, tensor));
+      const out = selfAttentionBlock(x, T, block, layerCaches[i], needWeights || Boolean(record),
+                                     this.config, inBlock);
       x = out.x;  // (T, C)
       if (needWeights) attentions.push(out.weights);  // (H, T, S)
     });
@@ -345,6 +368,7 @@ class PageGPT {
     if (lastOnly) x = x.subarray((T - 1) * C);  // (1, C)
     const h = layerNorm(x, rows, C, this.norm_f.weight, this.norm_f.bias, this.config.norm_eps);
     const logits = linear(h, rows, C, tokEmb, null, V);  // (rows, V): the head is E, tied
+    if (record) { record("norm_f", h); record("logits", logits); }
     return { logits, attentions, T: rows, V };
   }
 

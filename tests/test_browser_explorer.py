@@ -1,0 +1,194 @@
+"""The model explorer in Chromium: the page's tensors equal PyTorch's hooks, it is fast enough,
+hostile text stays text, and a phone's width does not scroll the page sideways."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.browser import static_widget
+from tests.conftest import ASSETS, BUILD, ROOT
+from tfbook.models.gpt import GPT
+from tfbook.models.llama import tiny_llama
+from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.train.corpus_lm import load_trained_gpt
+from tfbook.widgets.explorer import ModelExplorer, cut_note, stream_norms, top_next_tokens
+from tfbook.widgets.page_model import MAX_PAGE_MODEL_BYTES, token_label
+
+TRAINED = ROOT / "book" / "learning" / "data" / "training_gpt"
+SCREENSHOTS = BUILD / "screenshots"
+HOSTILE = '<img src=x onerror=alert(1)> </script><!--<script> "%3C" 100%'
+LONG = "Return the number of items in the container, counted once. " * 12  # > 64 tokens
+RUN_JS = """(r) => r.explorerRun && ({ids: r.explorerRun.ids, tokens: r.explorerRun.tokens,
+  dropped: r.explorerRun.dropped, runs: r.explorerRun.runs, norms: r.explorerRun.norms,
+  tensors: Object.fromEntries(Object.entries(r.explorerRun.tensors)
+                                    .map(([k, v]) => [k, Array.from(v)]))})"""
+STATE_BYTES_JS = """() => [...document.querySelectorAll(
+  'script[type="application/vnd.jupyter.widget-state+json"]')]
+  .reduce((n, s) => n + new TextEncoder().encode(s.textContent).length, 0)"""
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[GPT, BPETokenizer]:
+    if not (TRAINED / "model.safetensors").exists():
+        pytest.skip(f"the trained model is missing: run scripts/train_gpt.py (writes {TRAINED})")
+    return load_trained_gpt(TRAINED)
+
+
+def sentence_of(tokenizer: BPETokenizer, n_tokens: int) -> str:
+    """A text of exactly n_tokens tokens (cut from a longer one at a token boundary)."""
+    ids = tokenizer.encode_ordinary("The function returns the value of the key in the table, "
+                                    "or None when the key is missing from it. " * 8)
+    for cut in range(n_tokens, 0, -1):
+        text = tokenizer.decode(ids[:cut])
+        if len(tokenizer.encode_ordinary(text)) == n_tokens:
+            return text
+    raise AssertionError("no text of that many tokens")
+
+
+def check_parity(run: dict, widget: ModelExplorer, text: str) -> None:
+    """Every tensor of the page's run equals the hooks' within 1e-5 (attention weights 2e-6)."""
+    ids, dropped = widget.ids(text)
+    assert run["ids"] == ids and run["dropped"] == dropped
+    assert run["tokens"] == [token_label(widget._tokenizer, i) for i in ids]
+    trace = widget.trace(text)
+    assert set(run["tensors"]) == set(trace), set(run["tensors"]) ^ set(trace)
+    for key, expected in trace.items():
+        got = torch.tensor(run["tensors"][key]).reshape(expected.shape)
+        atol = 2e-6 if key.endswith("attn.weights") else 1e-5
+        assert torch.allclose(got, expected, atol=atol, rtol=0), (text, key,
+                                                                  (got - expected).abs().max())
+    norms = stream_norms(trace, widget._model.config.n_layers)
+    assert torch.allclose(torch.tensor(run["norms"]), norms, atol=1e-4, rtol=1e-6)
+
+
+def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path: Path) -> None:
+    model, tokenizer = trained
+    widget = ModelExplorer.from_page_model(model, tokenizer, "The function returns the value",
+                                           dtype="float32", box="blocks.0.attn.weights")
+    with static_widget(browser, widget, ASSETS, tmp_path) as (page, root, log):
+        requests = []
+        page.on("request", lambda request: requests.append(request.url))
+        page.wait_for_function("(r) => r.explorerTimes && r.explorerTimes.firstDraw !== null",
+                               arg=root.element_handle())
+        times = root.evaluate("(r) => r.explorerTimes")
+        state_bytes = page.evaluate(STATE_BYTES_JS)
+        check_parity(root.evaluate(RUN_JS), widget, "The function returns the value")
+        box = root.locator("input[type=text]")
+        runs = root.evaluate(RUN_JS)["runs"]
+        texts = [HOSTILE, LONG, "Café crème, 中文, emoji 😀👍🏽.", sentence_of(tokenizer, 64)]
+        for text in texts:
+            box.fill(text)
+            runs += 1
+            page.wait_for_function("([r, n]) => r.explorerRun.runs === n",
+                                   arg=[root.element_handle(), runs])
+            check_parity(root.evaluate(RUN_JS), widget, text)
+            ids = tokenizer.encode_ordinary(text)
+            expected_cut = cut_note(len(ids), 64) if len(ids) > 64 else ""
+            assert root.locator(".tfw-cut").inner_text() == expected_cut
+        strip = root.locator(".tfw-strip span")
+        shown = "".join(strip.all_inner_texts())
+        assert shown == "".join(t.replace(" ", "␣") for t in root.evaluate(RUN_JS)["tokens"])
+        # typing a 64-token sentence: median of several runs, input event to drawn views
+        for i in range(4):
+            box.fill(sentence_of(tokenizer, 64) + " " * (i % 2))
+            runs += 1
+            page.wait_for_function("([r, n]) => r.explorerRun.runs === n",
+                                   arg=[root.element_handle(), runs])
+        assert len(root.evaluate(RUN_JS)["ids"]) == 64
+        # every box: a click draws its tensor (its shape and range shown) within budget
+        keys = [b["key"] for b in widget.diagram["boxes"]]
+        for key in keys:
+            root.locator(f'g.tfw-box[data-key="{key}"]').click()
+            shown_now = root.evaluate("(r) => r.explorerShown && r.explorerShown.key")
+            assert shown_now == key
+        trace = widget.trace(box.input_value())
+        # the heatmap's values are the tensor's (head 2 of q, weights of head 2)
+        root.locator("input[type=range]").first.evaluate(
+            "(s) => { s.value = '2'; s.dispatchEvent(new Event('input')); }")
+        for key, expected in [("blocks.1.attn.q", trace["blocks.1.attn.q"][:, 16:32]),
+                              ("blocks.1.attn.weights", trace["blocks.1.attn.weights"][1]),
+                              ("blocks.0.ff.hidden", trace["blocks.0.ff.hidden"])]:
+            root.locator(f'g.tfw-box[data-key="{key}"]').click()
+            values = root.evaluate("(r) => Array.from(r.explorerShown.values)")
+            got = torch.tensor(values).reshape(expected.shape)
+            assert torch.allclose(got, expected, atol=2e-6 if "weights" in key else 1e-5, rtol=0)
+            facts = root.locator(".tfw-facts").inner_text()
+            assert f"values from {float(expected.min()):.4g}"[:16] in facts.replace("e+", "e")
+        # the logits: the top next tokens with their probabilities, for the hovered token
+        root.locator('g.tfw-box[data-key="logits"]').click()
+        strip.nth(3).hover()
+        top = root.evaluate("(r) => r.explorerShown")
+        ids, probs = top_next_tokens(trace["logits"])
+        assert top["row"] == 3
+        assert [t["id"] for t in top["top"]][:3] == ids[3, :3].tolist()
+        assert torch.allclose(torch.tensor([t["prob"] for t in top["top"]], dtype=torch.float64),
+                              probs[3], atol=1e-5, rtol=0)
+        assert root.locator(".tfw-strip span.tfw-hot").inner_text() == strip.nth(3).inner_text()
+        assert root.locator("polyline.tfw-hot-line").count() == 1
+        # hovering a token in the heatmap's labels lights the same row everywhere
+        root.locator('g.tfw-box[data-key="blocks.0.resid2"]').click()
+        root.locator(".tfw-labels span").nth(5).hover()
+        assert root.locator(".tfw-strip span.tfw-hot").get_attribute("data-index") == "5"
+        assert root.locator("polyline.tfw-hot-line").get_attribute("data-index") == "5"
+        assert root.locator(".tfw-row-mark").is_visible()
+        times = {**root.evaluate("(r) => r.explorerTimes"), "firstDraw": times["firstDraw"]}
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.screenshot(path=SCREENSHOTS / "explorer_1280.png", full_page=True)
+        page.set_viewport_size({"width": 390, "height": 844})
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        page.screenshot(path=SCREENSHOTS / "explorer_390.png", full_page=True)
+        page.evaluate("document.documentElement.dataset.theme = 'dark';"
+                      "document.body.style.background = '#121212'")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        page.screenshot(path=SCREENSHOTS / "explorer_1280_dark.png", full_page=True)
+        assert root.locator("img").count() == 0
+    assert wide <= 390, f"the page scrolls sideways at 390 px: {wide} px wide"
+    typing = statistics.median(times["typing"][-4:])
+    click = statistics.median(times["clicks"])
+    report = {"first_draw_ms": times["firstDraw"], "click_ms_median": click,
+              "click_ms_max": max(times["clicks"]), "typing_64_ms_median": typing,
+              "state_bytes": state_bytes}
+    (tmp_path / "times.json").write_text(json.dumps(report))
+    print("explorer timings:", report)
+    assert times["firstDraw"] < 500, report
+    assert click < 50, report
+    assert typing < 150, report
+    assert state_bytes < 3_000_000, report
+    assert state_bytes < 3_000_000 and state_bytes > 0
+    assert json.loads(widget.page_model) and len(widget.page_model) <= MAX_PAGE_MODEL_BYTES
+    assert not log.dialogs, f"a script ran from the text: {log.dialogs}"
+    assert not requests, f"the page made requests while it ran the model: {requests}"
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_python_fed_llama_static_page(browser, tmp_path: Path) -> None:
+    """A Llama-style decoder fed by Python: the saved box shows Python's tensor (grouped
+    key/value heads named), other boxes say they need Jupyter, hostile tokens stay text."""
+    tokenizer = BPETokenizer({})
+    torch.manual_seed(0)
+    model = GPT(tiny_llama()).eval()
+    widget = ModelExplorer.from_model(model, tokenizer, HOSTILE, box="blocks.1.attn.k", head=3)
+    trace = widget.trace(HOSTILE)
+    with static_widget(browser, widget, ASSETS, tmp_path) as (page, root, log):
+        page.wait_for_function("(r) => r.explorerShown", arg=root.element_handle())
+        shown = root.evaluate("(r) => Object.assign({}, r.explorerShown, "
+                              "{values: Array.from(r.explorerShown.values)})")
+        D = model.config.head_size
+        expected = trace["blocks.1.attn.k"][:, D:2 * D]  # query head 4 reads key/value head 2
+        assert torch.equal(torch.tensor(shown["values"]).reshape(expected.shape), expected)
+        assert "key/value head 2 (shared by query heads 3-4)" in root.locator(
+            ".tfw-facts").inner_text()
+        strip = "".join(root.locator(".tfw-strip span").all_inner_texts())
+        assert strip == HOSTILE.replace(" ", "␣")
+        assert "pos_emb" not in [b["key"] for b in widget.diagram["boxes"]]
+        root.locator('g.tfw-box[data-key="norm_f"]').click()
+        assert "run the chapter in Jupyter" in root.locator(".tfw-facts").inner_text()
+        assert root.locator("input[type=text]").is_disabled()
+        assert root.locator("img").count() == 0
+    assert not log.dialogs and not (log.page_errors or log.console_errors), log

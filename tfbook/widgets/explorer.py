@@ -1,0 +1,384 @@
+"""The model explorer: a decoder's architecture diagram that runs the reader's sentence.
+
+    explorer_layout(config)            -> the boxes and arrows of the diagram (SVG drawn by JS)
+    trace_decoder(model, ids)          -> {box key: the tensor it shows}, by forward hooks
+    ModelExplorer.from_page_model(...) -> the small GPT in the page: gpt.js runs the text
+    ModelExplorer.from_model(...)      -> any tfbook decoder, fed by Python (Jupyter)
+
+Every box of the diagram names a tensor of one forward pass (B = 1), keyed as the page keys
+it (static/gpt.js's `record` hook uses the same names):
+
+    tok_emb, pos_emb, embed                      (T, C)  E[id], P[t], their sum x_0
+    blocks.i.norm1, .attn.q, .attn.k, .attn.v    (T, C)  (k, v: (T, H_kv D)); one head shown
+    blocks.i.attn.weights                        (H, T, T) softmax(q k^T / sqrt(D)), causal
+    blocks.i.attn, blocks.i.resid1               (T, C)  attention output, x + attention
+    blocks.i.norm2, blocks.i.ff.hidden, .ff      (T, C), (T, F), (T, C)
+    blocks.i.resid2                              (T, C)  the stream after the block
+    norm_f, logits                               (T, C), (T, V)
+
+A Llama-style model has no pos_emb box (RoPE acts inside attention: its q and k boxes show
+the projections before the rotation). Shape legend: T tokens, C width, H heads, D = C / H,
+F feed-forward width, V vocabulary, L blocks.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import traitlets
+from torch import Tensor
+
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.tokenizers.base import Tokenizer
+from tfbook.widgets.base import Widget, _text_to_page, bundle, page_text
+from tfbook.widgets.page_model import (
+    check_dtype,
+    gpt_js_script_safe,
+    page_payload,
+    payload_json,
+    quantised_reference,
+    token_label,
+)
+
+MAX_TEXT_CHARS = 2000  # what the text box takes
+TOP_N = 10  # next tokens listed for the logits box
+
+# the stages of one block, left to right: (key suffix, label, symbolic shape, kind)
+ATTENTION_ROW = [
+    ("norm1", "norm 1", ("T", "C"), "norm"),
+    ("attn.q", "q", ("T", "D"), "head"),
+    ("attn.k", "k", ("T", "D"), "head"),
+    ("attn.v", "v", ("T", "D"), "head"),
+    ("attn.weights", "weights", ("T", "T"), "weights"),
+    ("attn", "attention out", ("T", "C"), "linear"),
+]
+FFN_ROW = [
+    ("norm2", "norm 2", ("T", "C"), "norm"),
+    ("ff.hidden", "FFN hidden", ("T", "F"), "hidden"),
+    ("ff", "FFN out", ("T", "C"), "linear"),
+]
+BOX_HEIGHT = 34
+ROW_GAP = 14
+STREAM_X = 24  # the residual stream: a vertical line the sub-layers add to
+GAP = 8
+
+
+def _check_decoder(model: object) -> GPT:
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a tfbook decoder (tfbook.models.gpt.GPT: the trained "
+                        f"GPT, SmolLM2, a GPTConfig preset), got {type(model).__name__}")
+    return model
+
+
+def sizes(config: GPTConfig) -> dict[str, int]:
+    """The named sizes of a config: C, H, H_kv, D, F, V, L, T_max."""
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+    H = config.n_heads
+    return {"C": config.d_model, "H": H, "H_kv": config.n_kv_heads or H,
+            "D": config.head_size, "F": config.block_config().d_ff, "V": config.vocab_size,
+            "L": config.n_layers, "T_max": config.max_len}
+
+
+def explorer_layout(config: GPTConfig) -> dict[str, Any]:
+    """The diagram of a decoder as boxes and arrows, coordinates computed from the config.
+
+    The residual stream is a vertical line at the left; every block is two rows (attention,
+    then FFN) that read the stream through a norm and add back to it at a circle (resid1,
+    resid2). Each box: {key, label, shape (symbolic dims), kind, x, y, w, h, layer}.
+    """
+    n = sizes(config)
+    learned = config.position == "learned"
+    boxes: list[dict[str, Any]] = []
+    edges: list[list[str]] = []
+
+    def box(key: str, label: str, shape: Sequence[str], kind: str, x: float, y: float,
+            w: float, layer: int = -1) -> None:
+        boxes.append({"key": key, "label": label, "shape": list(shape), "kind": kind,
+                      "x": x, "y": y, "w": w, "h": BOX_HEIGHT, "layer": layer})
+
+    y = 0
+    x = STREAM_X + 30
+    box("tok_emb", "token embedding", ("T", "C"), "embed", x, y, 120)
+    if learned:
+        box("pos_emb", "position", ("T", "C"), "embed", x + 130, y, 90)
+        edges.append(["pos_emb", "embed"])
+    edges.append(["tok_emb", "embed"])
+    y += BOX_HEIGHT + ROW_GAP
+    box("embed", "x₀ = embedding" + (" + position" if learned else ""), ("T", "C"), "stream",
+        STREAM_X - 12, y, 24)
+    y += BOX_HEIGHT + ROW_GAP
+    widths = {"norm": 62, "head": 40, "weights": 62, "linear": 90, "hidden": 110}
+    for layer in range(config.n_layers):
+        for row, resid in ((ATTENTION_ROW, "resid1"), (FFN_ROW, "resid2")):
+            x = STREAM_X + 30
+            previous = None
+            for suffix, label, shape, kind in row:
+                key = f"blocks.{layer}.{suffix}"
+                if suffix == "attn.k" or suffix == "attn.v":
+                    shape = ("T", "D")
+                box(key, label, shape, kind, x, y, widths[kind], layer)
+                if previous and not (suffix in ("attn.k", "attn.v")):
+                    edges.append([previous, key])
+                if suffix not in ("attn.q", "attn.k"):
+                    previous = key
+                x += widths[kind] + GAP
+            edges.append([previous, f"blocks.{layer}.{resid}"])
+            y += BOX_HEIGHT + 4
+            box(f"blocks.{layer}.{resid}", f"block {layer + 1} + " + (
+                "attention" if resid == "resid1" else "FFN"), ("T", "C"), "stream",
+                STREAM_X - 12, y, 24, layer)
+            y += BOX_HEIGHT + ROW_GAP
+    x = STREAM_X + 30
+    box("norm_f", "final norm", ("T", "C"), "norm", x, y, 80)
+    box("logits", "logits", ("T", "V"), "logits", x + 90, y, 80)
+    edges.append(["norm_f", "logits"])
+    width = max(b["x"] + b["w"] for b in boxes) + 10
+    return {"boxes": boxes, "edges": edges, "sizes": n, "width": width, "height": y + BOX_HEIGHT,
+            "norm": config.norm, "ffn": config.ffn, "position": config.position}
+
+
+def stream_keys(n_layers: int) -> list[str]:
+    """The residual stream's states in order: x_0, then after each sub-layer's addition."""
+    keys = ["embed"]
+    for layer in range(n_layers):
+        keys += [f"blocks.{layer}.resid1", f"blocks.{layer}.resid2"]
+    return keys
+
+
+@torch.no_grad()
+def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
+    """One forward pass of `model` on `ids` (B = 1), every box's tensor taken by forward
+    hooks on the real modules: key -> float32 tensor without the batch dimension."""
+    model = _check_decoder(model)
+    if isinstance(ids, Tensor):
+        ids = ids.tolist()
+    if (isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids
+            or any(not isinstance(i, int) or isinstance(i, bool) for i in ids)):
+        raise TypeError(f"ids must be a non-empty list of token ids (int), got {ids!r:.80}")
+    if len(ids) > model.config.max_len:
+        raise ValueError(f"{len(ids)} tokens exceed the model's context of "
+                         f"{model.config.max_len}: keep the last {model.config.max_len}")
+    out: dict[str, Tensor] = {}
+
+    def keep(key: str, tensor: Tensor) -> None:
+        out[key] = tensor.detach()[0].float().cpu()  # drop B = 1
+
+    def after(key: str, pick=lambda output: output):
+        return lambda _m, _args, output: keep(key, pick(output))
+
+    def before(key: str):
+        return lambda _m, args, _output: keep(key, args[0])
+
+    def positions_hook(module, args, output):
+        positions = args[1] if len(args) > 1 and args[1] is not None else torch.arange(
+            args[0].shape[1])
+        out["pos_emb"] = module.weight[positions].detach().float().cpu().reshape(
+            output.shape[1:])
+        keep("embed", output)
+
+    hooks = [(model.tok_emb, after("tok_emb"))]
+    if model.pos_emb is not None:
+        hooks.append((model.pos_emb, positions_hook))
+    else:
+        hooks.append((model.tok_emb, after("embed")))  # RoPE: x_0 is the embedding
+    for i, block in enumerate(model.blocks):
+        p = f"blocks.{i}."
+        attn = block.attn
+        hooks += [
+            (block.norm1, after(p + "norm1")),
+            (attn.q_proj, after(p + "attn.q")),
+            (attn.k_proj, after(p + "attn.k")),
+            (attn.v_proj, after(p + "attn.v")),
+            (attn, after(p + "attn", lambda o: o[0])),
+            (attn, after(p + "attn.weights", lambda o: o[1])),
+            (block.norm2, before(p + "resid1")),
+            (block.norm2, after(p + "norm2")),
+            (block.ff.fc_out, before(p + "ff.hidden")),
+            (block.ff, after(p + "ff")),
+            (block, after(p + "resid2", lambda o: o[0])),
+        ]
+    hooks += [(model.norm_f, after("norm_f")), (model.lm_head, after("logits"))]
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    was_training = model.training
+    model.eval()
+    try:
+        model(torch.tensor([list(ids)]), need_weights=True)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return out
+
+
+def stream_norms(trace: dict[str, Tensor], n_layers: int) -> Tensor:
+    """||x_t|| of the residual stream at each of its 2L + 1 states: (2L + 1, T)."""
+    return torch.stack([trace[k].norm(dim=-1) for k in stream_keys(n_layers)])
+
+
+def top_next_tokens(logits: Tensor, n: int = TOP_N) -> tuple[Tensor, Tensor]:
+    """The n most likely next tokens at every position: ids (T, n) and probabilities (T, n),
+    from the softmax of logits (T, V) in float64."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    values, ids = probs.topk(min(n, probs.shape[-1]), dim=-1)
+    return ids, values
+
+
+def cut_note(n_tokens: int, max_len: int) -> str:
+    """What the page says when the text is longer than the context (explorer.js's cutNote)."""
+    return (f"the text has {n_tokens} tokens and the model reads at most {max_len}: "
+            f"its first {n_tokens - max_len} were cut")
+
+
+def check_text(text: object) -> str:
+    """The reader's sentence: a str with something besides spaces, at most MAX_TEXT_CHARS."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.60}")
+    if not text.strip():
+        raise ValueError("the text box is empty: type a sentence to run the model on")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(f"the text has {len(text):,} characters; the explorer takes at most "
+                         f"{MAX_TEXT_CHARS:,}")
+    return text
+
+
+def _strings_to_page(strings: Any, _widget: Any) -> Any:
+    return [page_text(s) for s in strings]
+
+
+def _top_to_page(top: Any, _widget: Any) -> Any:
+    if not top:
+        return top
+    return {"tokens": [[page_text(s) for s in row] for row in top["tokens"]],
+            "probs": top["probs"]}
+
+
+def _b64(tensor: Tensor) -> str:
+    return base64.b64encode(tensor.contiguous().numpy().astype("<f4").tobytes()).decode("ascii")
+
+
+class ModelExplorer(Widget):
+    """A decoder's diagram; click a box to see its tensor for the text, hover a token.
+
+    With a page model (`from_page_model`) the page runs the text itself (static/gpt.js),
+    kernel or not. Fed by Python (`from_model`, any tfbook decoder), the page holds the
+    tokens, the stream norms, the top next tokens and the tensor of the selected box; a
+    click asks Python for another box (Jupyter), and the static page shows the saved one.
+    """
+
+    _esm = gpt_js_script_safe() + "\n" + bundle("explorer.js")
+
+    diagram = traitlets.Dict().tag(sync=True)  # explorer_layout(config)
+    page_model = traitlets.Unicode("").tag(sync=True)  # payload_json of a GPT, or ""
+    text = traitlets.Unicode("").tag(sync=True, to_json=_text_to_page)  # the sentence
+    box = traitlets.Unicode("blocks.0.attn.weights").tag(sync=True)  # the selected box
+    head = traitlets.Int(0).tag(sync=True)  # the head shown in q, k, v, weights
+    # Python-fed data (empty with a page model): token labels, (2L + 1, T) norms, the top
+    # next tokens, and the selected box's tensor {key, head, shape, data (base64 float32)}
+    tokens = traitlets.List(traitlets.Unicode()).tag(sync=True, to_json=_strings_to_page)
+    dropped = traitlets.Int(0).tag(sync=True)  # tokens cut from the start of the text
+    norms = traitlets.List().tag(sync=True)
+    top = traitlets.Dict().tag(sync=True, to_json=_top_to_page)  # {tokens, probs}: (T, n)
+    shown = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, model: GPT, tokenizer: Tokenizer, text: str, *, box: str | None = None,
+                 head: int = 0, payload: dict | None = None) -> None:
+        super().__init__()
+        model = _check_decoder(model)
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(f"tokenizer must be a tfbook tokenizer, got "
+                            f"{type(tokenizer).__name__}")
+        check_text(text)
+        self._model, self._tokenizer = model, tokenizer
+        layout = explorer_layout(model.config)
+        keys = {b["key"] for b in layout["boxes"]}
+        box = "blocks.0.attn.weights" if box is None else box
+        if box not in keys:
+            raise ValueError(f"box must be one of the diagram's keys ({', '.join(sorted(keys))}"
+                             f"), got {box!r:.60}")
+        if not isinstance(head, int) or isinstance(head, bool) or not (
+                0 <= head < model.config.n_heads):
+            raise ValueError(f"head must be an int in [0, {model.config.n_heads}), got {head!r}")
+        self._trace: dict[str, Tensor] = {}
+        with self.hold_sync():
+            self.diagram, self.box, self.head = layout, box, head
+            if payload is not None:
+                self.page_model = payload_json(payload)
+                self.text = text
+            else:
+                self.compute(text=text)
+
+    @classmethod
+    def from_page_model(cls, model: GPT, tokenizer: Tokenizer, text: str, *,
+                        dtype: str = "float16", box: str | None = None,
+                        head: int = 0) -> ModelExplorer:
+        """The explorer with `model` in the page (export_page_model, at most 3 MB): the page
+        runs the reader's text with gpt.js, kernel or not. Python keeps the page's weights
+        (quantised_reference) for `trace`."""
+        check_dtype(dtype)
+        payload = page_payload(model, tokenizer, dtype)
+        reference = quantised_reference(model, dtype)
+        return cls(reference, tokenizer, text, box=box, head=head, payload=payload)
+
+    @classmethod
+    def from_model(cls, model: GPT, tokenizer: Tokenizer, text: str, *,
+                   box: str | None = None, head: int = 0) -> ModelExplorer:
+        """The explorer of any tfbook decoder, its tensors computed by Python's hooks."""
+        return cls(model, tokenizer, text, box=box, head=head)
+
+    def ids(self, text: str) -> tuple[list[int], int]:
+        """The text's token ids as the page takes them (encode_ordinary, the last T_max),
+        and how many were cut from the start."""
+        ids = self._tokenizer.encode_ordinary(check_text(text))
+        if not ids:
+            raise ValueError("the text has no tokens")
+        max_len = self._model.config.max_len
+        return ids[-max_len:], max(0, len(ids) - max_len)
+
+    def trace(self, text: str) -> dict[str, Tensor]:
+        """Every box's tensor for `text`, by forward hooks (what the page shows)."""
+        return trace_decoder(self._model, self.ids(text)[0])
+
+    def compute(self, text: str | None = None, box: str | None = None,
+                head: int | None = None) -> None:
+        """Python-fed: run a new text and/or pick another box or head, and send what the page
+        shows (with a page model the page computes, and only the selection changes)."""
+        if box is not None:
+            if not isinstance(box, str) or box not in {b["key"] for b in self.diagram["boxes"]}:
+                raise ValueError(f"unknown box {box!r:.60}")
+            self.box = box
+        if head is not None:
+            if not isinstance(head, int) or not 0 <= head < self._model.config.n_heads:
+                raise ValueError(f"head must be an int in [0, {self._model.config.n_heads}), "
+                                 f"got {head!r}")
+            self.head = head
+        if self.page_model:
+            if text is not None:
+                self.text = check_text(text)
+            return
+        if text is not None:
+            ids, dropped = self.ids(text)
+            trace = trace_decoder(self._model, ids)
+            norms = stream_norms(trace, self._model.config.n_layers)
+            top_ids, top_probs = top_next_tokens(trace["logits"])
+            label = lambda i: token_label(self._tokenizer, int(i))  # noqa: E731
+            with self.hold_sync():
+                self._trace = trace
+                self.text, self.dropped = text, dropped
+                self.tokens = [label(i) for i in ids]
+                self.norms = norms.tolist()
+                self.top = {"tokens": [[label(i) for i in row] for row in top_ids.tolist()],
+                            "probs": top_probs.tolist()}
+        tensor = self._trace[self.box]
+        # the logits box lists the top next tokens (sent above), not V numbers a position
+        data = "" if self.box == "logits" else _b64(tensor)
+        self.shown = {"key": self.box, "head": self.head, "shape": list(tensor.shape),
+                      "data": data}
+
+
+__all__ = ["ModelExplorer", "cut_note", "explorer_layout", "stream_norms", "top_next_tokens",
+           "trace_decoder", "sizes", "stream_keys"]
