@@ -7,6 +7,7 @@ book without a kernel, and asks Python for new data when a kernel is there.
 from tfbook.widgets.attention import AttentionExample, AttentionMap
 from tfbook.widgets.base import Widget
 from tfbook.widgets.bpe import BPEMergesWidget
+from tfbook.widgets.explorer import ModelExplorer
 from tfbook.widgets.positions import PositionalEncodingExplorer
 from tfbook.widgets.rope import RopeExplorer
 from tfbook.widgets.sampling import SamplingWidget
@@ -16,6 +17,7 @@ __all__ = [
     "AttentionExample",
     "AttentionMap",
     "BPEMergesWidget",
+    "ModelExplorer",
     "PositionalEncodingExplorer",
     "RopeExplorer",
     "SamplingWidget",

@@ -1,0 +1,193 @@
+"""The model explorer: forward hooks take the right tensors of a GPT and a Llama-style model,
+the diagram follows the config, hostile text stays text, bad input is a clear error."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+
+import numpy as np
+
+import pytest
+import torch
+
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.models.llama import tiny_llama
+from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.widgets import ModelExplorer
+from tfbook.widgets.explorer import (
+    cut_note,
+    explorer_layout,
+    sizes,
+    stream_keys,
+    stream_norms,
+    top_next_tokens,
+    trace_decoder,
+)
+from tfbook.widgets.page_model import payload_json, export_page_model
+
+HOSTILE = '<img src=x onerror=alert(1)> </script><!--<script> "%3C" 100%'
+BYTES = BPETokenizer({})  # plain bytes: 256 ids
+
+
+def gpt(**changes) -> GPT:
+    torch.manual_seed(0)
+    return GPT(replace(GPTConfig.tiny(), max_len=32, **changes)).eval()
+
+
+def llama() -> GPT:
+    torch.manual_seed(0)
+    return GPT(tiny_llama()).eval()
+
+
+def expected_shape(box: dict, trace_shape: tuple[int, ...], n: dict[str, int], T: int):
+    dims = tuple(T if d == "T" else n[d] for d in box["shape"])
+    return dims
+
+
+@pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
+def test_hooks_take_every_boxs_tensor(make) -> None:
+    model = make()
+    ids = BYTES.encode_ordinary("the cat sat.")
+    T, n = len(ids), sizes(model.config)
+    trace = trace_decoder(model, ids)
+    layout = explorer_layout(model.config)
+    assert set(trace) == {b["key"] for b in layout["boxes"]}
+    for box in layout["boxes"]:  # every shape label of the diagram is the traced tensor's
+        shape = tuple(trace[box["key"]].shape)
+        dims = expected_shape(box, shape, n, T)
+        if box["kind"] == "head":  # one head's slice of (T, H D) or (T, H_kv D)
+            heads = n["H"] if box["key"].endswith(".q") else n["H_kv"]
+            assert shape == (T, heads * n["D"]) and dims == (T, n["D"]), box
+        elif box["kind"] == "weights":  # one head of (H, T, T)
+            assert shape == (n["H"], T, T) and dims == (T, T), box
+        else:
+            assert shape == dims, box
+    assert not any(m._forward_hooks for m in model.modules())  # the hooks are gone
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), need_weights=True)
+        x = model.tok_emb(torch.tensor([ids]))[0]
+    assert torch.allclose(trace["logits"], out.logits[0], atol=1e-6, rtol=0)
+    for layer, w in enumerate(out.attentions):
+        assert torch.equal(trace[f"blocks.{layer}.attn.weights"], w[0])
+    block = model.blocks[0]
+    with torch.no_grad():  # each box is what its module computes from the box before it
+        assert torch.equal(trace["tok_emb"], x)
+        assert torch.equal(trace["blocks.0.norm1"], block.norm1(trace["embed"]))
+        assert torch.equal(trace["blocks.0.attn.q"], block.attn.q_proj(trace["blocks.0.norm1"]))
+        assert torch.equal(trace["blocks.0.attn.v"], block.attn.v_proj(trace["blocks.0.norm1"]))
+        assert torch.equal(trace["blocks.0.resid1"], trace["embed"] + trace["blocks.0.attn"])
+        assert torch.equal(trace["blocks.0.norm2"], block.norm2(trace["blocks.0.resid1"]))
+        assert torch.equal(trace["blocks.0.ff"], block.ff.fc_out(trace["blocks.0.ff.hidden"]))
+        assert torch.equal(trace["blocks.0.resid2"], trace["blocks.0.resid1"] + trace["blocks.0.ff"])
+        assert torch.equal(trace["blocks.1.norm1"], model.blocks[1].norm1(trace["blocks.0.resid2"]))
+        assert torch.equal(trace["norm_f"], model.norm_f(trace["blocks.1.resid2"]))
+    w = trace["blocks.1.attn.weights"]  # causal rows of probabilities
+    assert torch.allclose(w.sum(-1), torch.ones(n["H"], T), atol=1e-6)
+    assert torch.equal(w.triu(1), torch.zeros_like(w))
+    if model.pos_emb is not None:
+        assert torch.equal(trace["pos_emb"], model.pos_emb.weight[:T])
+        assert torch.equal(trace["embed"], trace["tok_emb"] + trace["pos_emb"])
+    else:  # RoPE: no position box, x_0 is the embedding; k and v have H_kv heads
+        assert "pos_emb" not in trace and torch.equal(trace["embed"], trace["tok_emb"])
+        assert trace["blocks.0.attn.k"].shape == (T, 2 * n["D"])
+        assert trace["blocks.0.ff.hidden"].shape == (T, 96)  # SwiGLU: act(gate) * up
+
+
+def test_stream_norms_and_top_tokens() -> None:
+    model = gpt()
+    ids = BYTES.encode_ordinary("abc")
+    trace = trace_decoder(model, ids)
+    norms = stream_norms(trace, 2)
+    assert stream_keys(2) == ["embed", "blocks.0.resid1", "blocks.0.resid2", "blocks.1.resid1",
+                              "blocks.1.resid2"]
+    assert norms.shape == (5, 3)
+    assert torch.allclose(norms[2], trace["blocks.0.resid2"].norm(dim=-1))
+    ids_, probs = top_next_tokens(trace["logits"], 5)
+    full = torch.softmax(trace["logits"].double(), -1)
+    assert torch.equal(ids_[:, 0], full.argmax(-1)) and probs.shape == (3, 5)
+    assert torch.all(probs[:, :-1] >= probs[:, 1:])  # most likely first
+
+
+def test_layout_follows_the_config() -> None:
+    small = explorer_layout(GPTConfig.tiny())
+    deep = explorer_layout(replace(GPTConfig.tiny(), n_layers=5))
+    rope = explorer_layout(tiny_llama())
+    per_block = 11  # 6 attention boxes, 3 FFN boxes, 2 additions to the stream
+    assert len(small["boxes"]) == 3 + 2 * per_block + 2  # tok, pos, x0, ..., norm, logits
+    assert len(deep["boxes"]) == 3 + 5 * per_block + 2 and deep["height"] > small["height"]
+    assert len(rope["boxes"]) == 2 + 2 * per_block + 2 and rope["sizes"]["H_kv"] == 2
+    assert small["sizes"] == {"C": 64, "H": 4, "H_kv": 4, "D": 16, "F": 256, "V": 256, "L": 2,
+                              "T_max": 64}
+    keys = [b["key"] for b in small["boxes"]]
+    assert len(set(keys)) == len(keys)
+    for a, b in small["edges"]:
+        assert a in keys and b in keys
+    rows = {}  # boxes of one row do not overlap
+    for b in small["boxes"]:
+        rows.setdefault(b["y"], []).append((b["x"], b["x"] + b["w"]))
+    for spans in rows.values():
+        spans.sort()
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+def test_python_fed_widget_sends_the_selected_box_and_hostile_text_stays_text() -> None:
+    model = gpt()
+    w = ModelExplorer.from_model(model, BYTES, HOSTILE, box="blocks.0.ff.hidden")
+    ids = BYTES.encode_ordinary(HOSTILE)[-32:]  # the context's 32 last
+    assert w.dropped == len(HOSTILE) - 32 and w.ids(HOSTILE) == (ids, w.dropped)
+    assert w.tokens == [chr(i) for i in ids]  # Python keeps the real text
+    state = json.dumps({k: v for k, v in w.get_state().items() if not k.startswith("_")})
+    assert "<" not in state and "%3C" in state  # the page gets page_text
+    trace = trace_decoder(model, ids)
+    data = np.frombuffer(base64.b64decode(w.shown["data"]), dtype="<f4")
+    assert w.shown["shape"] == [len(ids), 256]
+    assert torch.equal(torch.from_numpy(data.copy()).reshape(len(ids), 256),
+                       trace["blocks.0.ff.hidden"])
+    assert torch.allclose(torch.tensor(w.norms), stream_norms(trace, 2))
+    w._on_front_end_message(w, {"type": "request", "args": {"box": "logits"}}, [])
+    assert w.error == "" and w.shown["key"] == "logits" and w.shown["data"] == ""
+    w._on_front_end_message(w, {"type": "request", "args": {"text": "x" * 40}}, [])
+    assert w.dropped == 8 and len(w.tokens) == 32 and cut_note(40, 32).endswith("first 8 were cut")
+    w._on_front_end_message(w, {"type": "request", "args": {"box": "nowhere"}}, [])
+    assert "unknown box 'nowhere'" in w.error
+    w._on_front_end_message(w, {"type": "request", "args": {"text": "  "}}, [])
+    assert "the text box is empty" in w.error
+
+
+def test_page_model_widget_carries_the_payload() -> None:
+    model = gpt(vocab_size=256)
+    w = ModelExplorer.from_page_model(model, BYTES, "the cat", dtype="float32")
+    assert w.page_model == payload_json(export_page_model(model, BYTES, "float32"))
+    assert w.tokens == [] and w.shown == {}  # the page computes
+    assert "class PageGPT" in w._esm and "record" in w._esm
+    assert w.box == "blocks.0.attn.weights"
+
+
+def test_bad_input_is_refused() -> None:
+    model = gpt()
+    with pytest.raises(TypeError, match="model must be a tfbook decoder"):
+        ModelExplorer.from_model(torch.nn.Linear(2, 2), BYTES, "hi")
+    with pytest.raises(TypeError, match="tokenizer must be a tfbook tokenizer"):
+        ModelExplorer.from_model(model, "bytes", "hi")
+    with pytest.raises(TypeError, match="text must be a str"):
+        ModelExplorer.from_model(model, BYTES, b"hi")
+    with pytest.raises(ValueError, match="the text box is empty"):
+        ModelExplorer.from_model(model, BYTES, " \n")
+    with pytest.raises(ValueError, match="at most 2,000"):
+        ModelExplorer.from_model(model, BYTES, "a" * 2001)
+    with pytest.raises(ValueError, match="box must be one of the diagram's keys"):
+        ModelExplorer.from_model(model, BYTES, "hi", box="blocks.9.norm1")
+    with pytest.raises(ValueError, match=r"head must be an int in \[0, 4\), got 4"):
+        ModelExplorer.from_model(model, BYTES, "hi", head=4)
+    with pytest.raises(ValueError, match="exceed the model's context of 32"):
+        trace_decoder(model, [1] * 33)
+    with pytest.raises(TypeError, match="ids must be a non-empty list of token ids"):
+        trace_decoder(model, "abc")
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        explorer_layout({"d_model": 64})
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        ModelExplorer.from_page_model(model, BYTES, "hi", dtype="bfloat16")
+    with pytest.raises(ValueError, match="the page runs GPTs"):
+        ModelExplorer.from_page_model(llama(), BYTES, "hi")
