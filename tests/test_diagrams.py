@@ -187,6 +187,11 @@ def test_blocks_pre_and_post() -> None:
     check_labels(f)
     assert f.shape_labels["swiglu.ff.fc_gate"] == "(B, T, F) = (2, 6, 128)"
     assert "W_gate" not in svg_texts(ffn(trace(pre, x), "ff"))
+    assert "MLP: relu(x W_1) W_2" in svg_texts(f)  # the module's own activation
+    with pytest.raises(ValueError, match="an MLP .FeedForward. first"):
+        ffns_side_by_side((tsw, "ff"), (trace(pre, x), "ff"))
+    with pytest.raises(ValueError, match="not a FeedForward or SwiGLU"):
+        ffn(tsw, "attn")
 
 
 def test_encoder_decoder_and_families() -> None:

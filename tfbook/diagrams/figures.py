@@ -237,13 +237,13 @@ def cross_attention(at: AttentionTrace, title: str = "Cross-attention") -> Diagr
     return Diagram(c)
 
 
-def masks(panels: list[tuple[str, object]], tokens: list[str] | None = None,
-          title: str = "Masks") -> Diagram:
+def masks(panels: list[tuple], tokens: list[str] | None = None, title: str = "Masks") -> Diagram:
     """Boolean masks drawn cell by cell (filled: may attend), each with its real shape.
 
-    `panels` is a list of (heading, mask tensor); a mask of more than 2 axes is drawn at
-    index 0 of its leading axes (a broadcast axis of size 1 is drawn as one row).
-    `tokens` label the rows (queries) when they match the mask's last axis.
+    `panels` is a list of (heading, mask tensor) or (heading, mask tensor, batch index); a
+    mask of more than 2 axes is drawn at that index of its first axis (default 0) and index
+    0 of the others (a broadcast axis of size 1 is drawn as one row). `tokens` label the rows
+    (queries) when there are as many as rows.
     """
     import torch
 
@@ -254,31 +254,41 @@ def masks(panels: list[tuple[str, object]], tokens: list[str] | None = None,
         raise TypeError("tokens must be a list of str")
     canvases = []
     for i, panel in enumerate(panels):
-        if not (isinstance(panel, tuple) and len(panel) == 2 and isinstance(panel[0], str)
+        if not (isinstance(panel, tuple) and len(panel) in (2, 3) and isinstance(panel[0], str)
                 and isinstance(panel[1], torch.Tensor)):
-            raise TypeError(f"panel {i} must be (heading, mask tensor), got {panel!r:.80}")
-        heading, mask = panel
+            raise TypeError(f"panel {i} must be (heading, mask tensor[, batch index]), "
+                            f"got {panel!r:.80}")
+        heading, mask = panel[0], panel[1]
         if mask.dtype != torch.bool or mask.dim() < 2:
             raise ValueError(f"panel {heading!r}: a mask is a boolean tensor of at least 2 "
                              f"axes, got {mask.dtype} of shape {tuple(mask.shape)}")
+        at = panel[2] if len(panel) == 3 else 0
+        if mask.dim() > 2 and not (isinstance(at, int) and 0 <= at < mask.size(0)):
+            raise ValueError(f"panel {heading!r}: batch index must be an int in "
+                             f"[0, {mask.size(0)}), got {at!r}")
         shape = tuple(mask.shape)
-        plane = mask[(0,) * (mask.dim() - 2)]
+        plane = mask[(at,) + (0,) * (mask.dim() - 3)] if mask.dim() > 2 else mask
         rows, cols = plane.shape
-        cell = max(10.0, min(22.0, 220.0 / max(rows, cols)))
+        cell = max(12.0, min(22.0, 220.0 / max(rows, cols)))
         c = Canvas(heading)
         label_w = 0.0
         if tokens is not None and len(tokens) == rows:
-            label_w = max(text_width(t, SMALL, True) for t in tokens) + 6
+            label_w = max(text_width(_visible(t), SMALL, True) for t in tokens) + 6
         y = _heading(c, heading, label_w + cols * cell / 2, 0)
         c.grid(label_w, y, [[1.0 if b else 0.0 for b in r] for r in plane.tolist()], cell)
         if label_w:
             for r, tok in enumerate(tokens):
-                c.text(label_w - 6, y + (r + 0.7) * cell, tok, SMALL, mono=True, anchor="end")
-        legend = ["B", "H", "T", "S"] if len(shape) == 4 else ["T", "S"][-len(shape):]
-        if len(shape) not in (2, 4):
-            legend = [f"d{j}" for j in range(len(shape))]
-        c.text(label_w + cols * cell / 2, y + rows * cell + 18, shape_label(legend, shape),
-               SMALL, mono=True, key=f"mask{i}", shape=shape)
+                c.text(label_w - 6, y + (r + 0.75) * cell, _visible(tok), SMALL, mono=True,
+                       anchor="end")
+        legend = {2: ["T", "S"], 4: ["B", "H", "T", "S"]}.get(
+            len(shape), [f"d{j}" for j in range(len(shape))])
+        cx = label_w + cols * cell / 2
+        c.text(cx, y + rows * cell + 18, shape_label(legend, shape), SMALL, mono=True,
+               key=f"mask{i}", shape=shape)
+        note = "rows: queries t, columns: keys s"
+        if mask.dim() > 2:
+            note = f"batch row {at}; " + ("one row for every query" if rows == 1 else note)
+        c.text(cx, y + rows * cell + 36, note, SMALL)
         canvases.append(c)
     return Diagram(hstack(title, canvases))
 
@@ -377,16 +387,22 @@ def blocks_side_by_side(pre: tuple[Trace, str], post: tuple[Trace, str]) -> Diag
     return Diagram(hstack("Pre-LN and post-LN blocks", [a, b], 56, ["pre.", "post."]))
 
 
-def ffn(tr: Trace, name: str, heading: str | None = None) -> Diagram:
-    """The position-wise feed-forward network: C -> F -> C (MLP), or gated (SwiGLU)."""
+def ffn(tr: Trace, name: str, heading: str | None = "") -> Diagram:
+    """The position-wise feed-forward network: C -> F -> C (MLP), or gated (SwiGLU).
+
+    The heading is its formula with the module's activation ("" ), `None` for none."""
     return Diagram(_ffn_canvas(_check_trace(tr), name, heading))
 
 
 def _ffn_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
     kind = tr.kind(name)
-    mod = tr.module(name)
-    act = getattr(mod.act, "__name__", type(mod.act).__name__)
+    if kind not in ("FeedForward", "SwiGLU"):
+        raise ValueError(f"{name!r} is a {kind}, not a FeedForward or SwiGLU")
+    act = _activation_name(tr.module(name).act)
     hidden = tr.shape(_child(name, "fc_in"))
+    if heading == "":  # the formula, with this module's activation
+        heading = (f"MLP: {act}(x W_1) W_2" if kind == "FeedForward"
+                   else f"SwiGLU: ({act}(x W_gate) × x W_1) W_2")
     c = Canvas(heading or kind)
     y = _heading(c, heading, 0, 0) if heading else 0.0
     top = draw(c, Node("x", tr.input_shape(name), BTC, key=_child(name, "in")), 0, y)
@@ -398,7 +414,7 @@ def _ffn_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
                            Node("W_2: back to C", tr.shape(_child(name, "fc_out")), BTC, "ffn",
                                 _child(name, "fc_out"))], 0, y)
         c.arrow(0, top.bottom, 0, y)
-    elif kind == "SwiGLU":
+    else:  # SwiGLU
         gate_shape = tr.shape(_child(name, "fc_gate"))
         gate, up = row(c, [Node("W_gate", gate_shape, ("B", "T", "F"), "ffn",
                                 _child(name, "fc_gate")),
@@ -418,18 +434,23 @@ def _ffn_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
         rects = [draw(c, Node("W_2: back to C", tr.shape(_child(name, "fc_out")), BTC, "ffn",
                               _child(name, "fc_out")), 0, y)]
         c.arrow(0, y - GAP - 8, 0, y)
-    else:
-        raise ValueError(f"{name!r} is a {kind}, not a FeedForward or SwiGLU")
     del rects
     return c
 
 
 def ffns_side_by_side(mlp: tuple[Trace, str], swiglu: tuple[Trace, str]) -> Diagram:
     """The MLP and the SwiGLU feed-forward networks next to each other."""
-    a = _ffn_canvas(_check_trace(mlp[0], "mlp[0]"), mlp[1], "MLP: W_2 act(x W_1)")
-    b = _ffn_canvas(_check_trace(swiglu[0], "swiglu[0]"), swiglu[1],
-                    "SwiGLU: W_2 (silu(x W_gate) × x W_1)")
+    a = _ffn_canvas(_check_trace(mlp[0], "mlp[0]"), mlp[1], "")
+    b = _ffn_canvas(_check_trace(swiglu[0], "swiglu[0]"), swiglu[1], "")
+    if (a.title.split(":")[0], b.title.split(":")[0]) != ("MLP", "SwiGLU"):
+        raise ValueError("ffns_side_by_side takes an MLP (FeedForward) first, then a SwiGLU")
     return Diagram(hstack("Feed-forward networks", [a, b], 48, ["mlp.", "swiglu."]))
+
+
+def _activation_name(fn: object) -> str:
+    """The name of an FFN's activation ("gelu", "silu", ...); "activation" for a lambda."""
+    name = getattr(fn, "__name__", "")
+    return name if name and not name.startswith("<") else "activation"
 
 
 # --- whole models -------------------------------------------------------------------------
