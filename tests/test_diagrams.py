@@ -212,6 +212,10 @@ def test_encoder_decoder_and_families() -> None:
     deeper = encoder_decoder(trace(Transformer(replace(TransformerConfig.tiny(),
                                                        n_decoder_layers=3)).eval(), src, tgt))
     assert deeper.shape_labels["n_dec"] == "3 ×"
+    dec_block = block(tr, "decoder.0")
+    check_labels(dec_block)
+    assert shapes(dec_block)["decoder.0.memory"] == labels["memory"]
+    assert shapes(dec_block)["decoder.0.cross_attn"] == (2, 5, 32)
     c = cross_attention(tr.attention("decoder.1.cross_attn"))
     check_labels(c)
     assert c.shape_labels["source"] == "(B, S, C) = (2, 7, 32)"

@@ -345,7 +345,7 @@ def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
     top = draw(c, Node("residual stream x", x_in, BTC, "stream", _child(name, "in")), bx, y)
     bus_from = top.bottom
     y = top.bottom + 18
-    for node, norm_name in subs:
+    for i, (node, norm_name) in enumerate(subs):
         norm = Node(_norm_title(tr, norm_name), kind="norm")
         c.text(bx - 8, y + 4, "read", SMALL, anchor="end")
         c.line([(bx, y), (branch, y), (branch, y + 16)])
@@ -355,6 +355,11 @@ def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
             c.arrow(branch, r.bottom, branch, r.bottom + 14)
             y = r.bottom + 14
         r = draw(c, node, branch, y, width)
+        if kind == "CrossAttentionBlock" and i == 1:  # the memory comes in from the side
+            memory = Node("memory", tr.input_shape(name, index=1), BSC, "stream",
+                          _child(name, "memory"))
+            m = draw(c, memory, r.right + 30 + memory.width / 2, r.y)
+            c.arrow(m.x, r.cy, r.right, r.cy)
         y_add = r.bottom + 22
         c.line([(branch, r.bottom), (branch, y_add), (bx + 11, y_add)])
         c.bus(bx, bus_from, y_add - 11)
