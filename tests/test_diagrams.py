@@ -176,7 +176,7 @@ def test_blocks_pre_and_post() -> None:
     d = blocks_side_by_side((trace(pre, x), ""), (trace(post, x), ""))
     check_labels(d)
     assert d.shape_labels["pre.ff"] == "(B, T, C) = (2, 6, 32)"
-    assert any("hidden (B, T, F) = (2, 6, 128)" == t for t in svg_texts(d))
+    assert "F = 128 hidden units" in svg_texts(d)  # the FFN's traced hidden width
     with pytest.raises(ValueError, match="pre must be a pre-LN block"):
         blocks_side_by_side((trace(post, x), ""), (trace(pre, x), ""))
     sw = SelfAttentionBlock(replace(cfg, norm_first=True, ffn="swiglu", norm="rms",
@@ -305,7 +305,12 @@ def test_html_scales_inside_its_own_box() -> None:
     width = float(root.get("viewBox").split()[2])
     assert f"max-width:{width:g}px" in style.replace(".0px", "px")
     assert root.find(f"{SVG}title").text == d.title
-
+    # a drawing of panels shows each as its own SVG, which wrap on a narrow page
+    pad = padding_mask(torch.tensor([[0, 1, 1]]).bool())
+    m = masks([("causal", causal_mask(3, 3)), ("padding", pad)])
+    html = m._repr_html_()
+    assert html.count("<svg") == 2 and "flex-wrap:wrap" in html
+    assert m.svg.count("<svg") == 1  # .svg is one drawing with both panels
 
 @pytest.mark.parametrize("module", ["svg", "layout"])
 def test_docstring_examples(module: str) -> None:

@@ -285,12 +285,11 @@ def masks(panels: list[tuple], tokens: list[str] | None = None, title: str = "Ma
         cx = label_w + cols * cell / 2
         c.text(cx, y + rows * cell + 18, shape_label(legend, shape), SMALL, mono=True,
                key=f"mask{i}", shape=shape)
-        note = "rows: queries t, columns: keys s"
         if mask.dim() > 2:
-            note = f"batch row {at}; " + ("one row for every query" if rows == 1 else note)
-        c.text(cx, y + rows * cell + 36, note, SMALL)
+            note = f"batch row {at}" + ("; one row for all queries" if rows == 1 else "")
+            c.text(cx, y + rows * cell + 36, note, SMALL)
         canvases.append(c)
-    return Diagram(hstack(title, canvases))
+    return Diagram(hstack(title, canvases, 24), canvases)
 
 
 # --- blocks -------------------------------------------------------------------------------
@@ -304,7 +303,7 @@ def _ffn_node(tr: Trace, name: str, letters: tuple[str, ...] = BTC) -> Node:
     hidden = tr.shape(_child(name, "fc_in"))
     label = {"FeedForward": "FFN (MLP)", "SwiGLU": "FFN (SwiGLU)"}.get(kind, kind)
     return Node(label, tr.shape(name), letters, "ffn", name,
-                note="hidden " + shape_label(letters[:-1] + ("F",), hidden))
+                note=f"F = {hidden[-1]} hidden units")
 
 
 def _attn_node(tr: Trace, name: str, title: str, letters: tuple[str, ...] = BTC) -> Node:
@@ -342,7 +341,8 @@ def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
     if heading:
         y = _heading(c, heading, branch / 2, y)
     x_in = tr.input_shape(name)
-    top = draw(c, Node("residual stream x", x_in, BTC, "stream", _child(name, "in")), bx, y)
+    centre = branch / 2  # the stream's first and last boxes straddle the bus
+    top = draw(c, Node("residual stream x", x_in, BTC, "stream", _child(name, "in")), centre, y)
     bus_from = top.bottom
     y = top.bottom + 18
     for i, (node, norm_name) in enumerate(subs):
@@ -375,7 +375,7 @@ def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
     out_name = _child(name, "out")
     c.bus(bx, bus_from, y + 4)
     c.arrow(bx, y + 4, bx, y + 14)
-    draw(c, Node("to the next block", tr.shape(name), BTC, "stream", out_name), bx, y + 14)
+    draw(c, Node("to the next block", tr.shape(name), BTC, "stream", out_name), centre, y + 14)
     return c
 
 
@@ -389,7 +389,7 @@ def blocks_side_by_side(pre: tuple[Trace, str], post: tuple[Trace, str]) -> Diag
     b = _block_canvas(post[0], post[1], "post-LN: norm(x + f(x))")
     if pre[0].module(pre[1]).norm_first is not True or post[0].module(post[1]).norm_first:
         raise ValueError("pre must be a pre-LN block (norm_first=True), post a post-LN one")
-    return Diagram(hstack("Pre-LN and post-LN blocks", [a, b], 56, ["pre.", "post."]))
+    return Diagram(hstack("Pre-LN and post-LN blocks", [a, b], 24, ["pre.", "post."]), [a, b])
 
 
 def ffn(tr: Trace, name: str, heading: str | None = "") -> Diagram:
@@ -449,7 +449,7 @@ def ffns_side_by_side(mlp: tuple[Trace, str], swiglu: tuple[Trace, str]) -> Diag
     b = _ffn_canvas(_check_trace(swiglu[0], "swiglu[0]"), swiglu[1], "")
     if (a.title.split(":")[0], b.title.split(":")[0]) != ("MLP", "SwiGLU"):
         raise ValueError("ffns_side_by_side takes an MLP (FeedForward) first, then a SwiGLU")
-    return Diagram(hstack("Feed-forward networks", [a, b], 48, ["mlp.", "swiglu."]))
+    return Diagram(hstack("Feed-forward networks", [a, b], 24, ["mlp.", "swiglu."]), [a, b])
 
 
 def _activation_name(fn: object) -> str:
@@ -686,5 +686,5 @@ def families(encoder: Trace, decoder: Trace, encoder_decoder: Trace) -> Diagram:
                         "decoder-only (GPT)")
     d = _encdec_canvas(_check_trace(encoder_decoder, "encoder_decoder"), True,
                        "encoder-decoder (Vaswani et al.)")
-    return Diagram(hstack("Three families of transformers", [a, b, d], 28,
-                          ["encoder.", "decoder.", "encdec."]))
+    return Diagram(hstack("Three families of transformers", [a, b, d], 24,
+                          ["encoder.", "decoder.", "encdec."]), [a, b, d])

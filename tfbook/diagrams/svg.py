@@ -22,6 +22,10 @@ SMALL = 12.5  # shape labels and notes: never smaller (the book's minimum is abo
 MONO_WIDTH = 0.61  # width of one monospace character, in ems
 SANS_WIDTH = 0.6  # a generous average width of one sans-serif character, in ems
 PAD = 8  # margin around the drawing
+# A diagram never shrinks below this share of its natural size: its smallest text stays at
+# 12 px, the size of the book's smallest text (11.9 px); a narrower screen scrolls the
+# diagram inside its own box instead.
+MIN_SCALE = 0.96
 
 KINDS = ("data", "embed", "attn", "ffn", "norm", "head", "mask", "stream", "plain")
 # one tint per kind of box: mid-tone colours that read on a white and on a dark page
@@ -215,7 +219,7 @@ class Canvas:
         self._extend(other.x0 + dx, other.y0 + dy, other.x1 + dx, other.y1 + dy)
 
     # -- output ----------------------------------------------------------------------------
-    def render(self, min_scale: float = 0.8) -> str:
+    def render(self, min_scale: float = MIN_SCALE) -> str:
         """The SVG element: view box fitted to the drawing; full width up to its natural size.
 
         It never grows beyond its natural size and never shrinks below `min_scale` of it (the
@@ -226,7 +230,7 @@ class Canvas:
         x0, y0 = self.x0 - PAD, self.y0 - PAD
         w, h = self.x1 - self.x0 + 2 * PAD, self.y1 - self.y0 + 2 * PAD
         title = escape(self.title)
-        narrowest = min(w, max(330.0, w * min_scale))
+        narrowest = w * min_scale
         style = (f"width:100%;max-width:{_num(w)}px;min-width:{_num(narrowest)}px;"
                  "height:auto;display:block;margin:0 auto")
         return (f'<svg xmlns="http://www.w3.org/2000/svg" class="tfd" role="img" '
