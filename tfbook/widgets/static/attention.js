@@ -18,7 +18,8 @@
 // That run lives in this view only (pageRun). In Jupyter, with a kernel, Python computes.
 // Token text is always set with textContent, never as HTML.
 
-const CELL_GRID = 52;  // size of a small map, px
+const CELL_GRID = 52;  // size of a small map, px (a narrow column shrinks it, to 20 px)
+const CELL_MIN = 20;
 const TYPED_NAME = "your text";  // the example of the reader's text (Python's name too)
 const EMPTY_TEXT = "the text box is empty: type a sentence to see its attention";
 
@@ -101,6 +102,9 @@ function render({ model, el: element }) {
   const overlay = el("canvas", { class: "tfw-overlay", "aria-hidden": "true" });
   const mapBox = el("div", { class: "tfw-mapbox" }, big, overlay);
   const grid = el("div", { class: "tfw-grid" });
+  // the layers x heads grid shrinks its maps to the column; past CELL_MIN it scrolls
+  // sideways in its own box, never the page
+  const gridBox = el("div", { class: "tfw-gridbox" }, grid);
   const controls = el("div", { class: "tfw-row" });
   const caption = el("div", { class: "tfw-note" }, "unpacking the maps…");
   const exampleNote = el("div", { class: "tfw-note tfw-cut" });
@@ -115,11 +119,13 @@ function render({ model, el: element }) {
   const liveRow = el("div", { class: "tfw-row" }, textInput, run, note, status, errorBox,
                         pythonStatus(model));
   node.append(
-    el("style", {}, `.tfw-grid { display: grid; gap: 3px; align-items: center; }
-      .tfw-grid canvas { cursor: pointer; border: 2px solid transparent;
-        width: ${CELL_GRID}px; height: ${CELL_GRID}px; }
+    el("style", {}, `.tfw-gridbox { overflow-x: auto; }
+      .tfw-grid { display: grid; gap: 3px; align-items: center; }
+      .tfw-grid canvas { cursor: pointer; border: 2px solid transparent; width: 100%;
+        aspect-ratio: 1; height: auto; }
       .tfw-grid canvas.selected { border-color: #d62728; }
-      .tfw-mapbox { position: relative; display: inline-block; line-height: 0; }
+      .tfw-grid span { white-space: nowrap; }
+      .tfw-mapbox { position: relative; display: inline-block; line-height: 0; max-width: 100%; }
       .tfw-mapbox .tfw-overlay { position: absolute; left: 0; top: 0; pointer-events: none;
         border-color: transparent; }
       .tfw-cut { color: #b35900; }
@@ -128,7 +134,7 @@ function render({ model, el: element }) {
         cursor: pointer; }
       .tfw-strip .tfw-token.selected { outline: 2px solid #d62728; }`),
     controls,
-    el("div", { class: "tfw-row" }, el("div", {}, mapBox, caption, exampleNote), grid),
+    el("div", { class: "tfw-row" }, el("div", {}, mapBox, caption, exampleNote), gridBox),
     el("div", { class: "tfw-note" }, "query tokens (click one):"), queries,
     el("div", { class: "tfw-note" }, "attention of the selected query over the keys:"), strip,
     liveRow,
@@ -217,7 +223,8 @@ function render({ model, el: element }) {
           parts.push(small);
         }
       }
-      grid.style.gridTemplateColumns = `auto repeat(${c.H}, ${CELL_GRID + 4}px)`;
+      grid.style.gridTemplateColumns =
+        `auto repeat(${c.H}, minmax(${CELL_MIN}px, ${CELL_GRID + 4}px))`;
       grid.replaceChildren(...parts);
     }
     const selected = shown.cells[c.layer * c.H + c.head];
@@ -234,9 +241,8 @@ function render({ model, el: element }) {
       shown.big = what;
       const cell = Math.max(2, Math.min(24, Math.floor(420 / Math.max(c.T, c.S))));
       paintBytes(big, c.bytes, mapStart(c, c.layer, c.head), c.T, c.S);
-      for (const canvas of [big, overlay]) {
-        canvas.style.width = `${c.S * cell}px`;
-        canvas.style.height = `${c.T * cell}px`;
+      for (const canvas of [big, overlay]) {  // (+ 2: the border; the height follows)
+        canvas.style.width = `${c.S * cell + 2}px`;
       }
       overlay.width = c.S * cell;
       overlay.height = c.T * cell;

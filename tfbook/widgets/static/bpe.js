@@ -113,7 +113,8 @@ function render({ model, el: element }) {
 
   function drawChart(top, winner) {
     const rowH = 18, width = 380, labelW = 150;
-    const chart = svg("svg", { width, height: rowH * top.length + 4, role: "img" });
+    const height = rowH * top.length + 4;
+    const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img" });
     const max = top[0][2];
     top.forEach(([a, b, count], r) => {
       const y = r * rowH + 2;

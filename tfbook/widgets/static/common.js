@@ -75,10 +75,12 @@ function slider({ label, min, max, step = 1, value, onInput }) {
   return { node: el("label", { class: "tfw-slider" }, label + " ", input, " ", output), input, set };
 }
 
-/** A line plot of ys against xs in an SVG of the given size; returns the <svg> node. */
+/** A line plot of ys against xs in an SVG of the given size (it shrinks with a narrow
+ *  column); returns the <svg> node. */
 function linePlot(xs, ys, { width = 360, height = 160, marker = null, yLabel = "", xLabel = "" } = {}) {
   const pad = { l: 40, r: 10, t: yLabel ? 20 : 10, b: 28 };
-  const plot = svg("svg", { width, height, class: "tfw-plot", role: "img" });
+  const plot = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "tfw-plot",
+                            role: "img" });
   const xmin = Math.min(...xs), xmax = Math.max(...xs);
   const ymin = Math.min(...ys), ymax = Math.max(...ys);
   const sx = (x) => pad.l + ((x - xmin) / (xmax - xmin || 1)) * (width - pad.l - pad.r);
@@ -196,14 +198,23 @@ function request(model, args) {
   if (sendToPython(model, { type: "request", args })) setPythonState(model, "busy");
 }
 
+// Every widget fits a phone's column (390 px wide screen): rows wrap, text wraps, and a
+// canvas, a fitted SVG (one with a viewBox), a text box or a menu shrinks to the column
+// (keeping its proportions) instead of widening the page. The widget keeps its light
+// colours in the theme's dark mode (color-scheme: its controls are drawn light too).
 const TFW_STYLE = `
-.tfw { font: 13px/1.4 system-ui, sans-serif; color: #222; }
+.tfw { font: 13px/1.4 system-ui, sans-serif; color: #222; color-scheme: light;
+  max-width: 100%; overflow-wrap: anywhere; }
 .tfw-row { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; margin: 4px 0; }
-.tfw-slider input { vertical-align: middle; width: 200px; }
+.tfw-row > * { min-width: 0; max-width: 100%; }
+.tfw-slider input { vertical-align: middle; width: 200px; max-width: 100%; }
 .tfw-value { display: inline-block; min-width: 3em; font-family: monospace; }
 .tfw-note { color: #666; font-size: 12px; }
 .tfw-token { font-family: monospace; white-space: pre; padding: 0 2px; border-radius: 3px; }
-.tfw canvas { image-rendering: pixelated; border: 1px solid #ccc; cursor: crosshair; }
+.tfw canvas { image-rendering: pixelated; border: 1px solid #ccc; cursor: crosshair;
+  box-sizing: border-box; max-width: 100%; height: auto; }
+.tfw svg[viewBox] { max-width: 100%; height: auto; }
+.tfw select, .tfw textarea, .tfw input[type=text] { max-width: 100%; box-sizing: border-box; }
 .tfw button { font: inherit; padding: 1px 8px; }
 .tfw input[type=number] { width: 5em; }
 .tfw .tfw-python:empty { display: none; }

@@ -66,7 +66,7 @@ function render({ model, el: element }) {
       marker: p, xLabel: "position j", yLabel: "PE[p]·PE[j]" }));
 
     // the vector at p, as a strip of colours
-    const strip = svg("svg", { width: 360, height: 24 });
+    const strip = svg("svg", { width: 360, height: 24, viewBox: "0 0 360 24" });
     const w = 360 / C;
     table[p].forEach((v, c) => strip.append(svg("rect", {
       x: c * w, y: 0, width: w, height: 24, fill: divergingColor(v, 1) })));

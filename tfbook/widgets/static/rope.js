@@ -116,7 +116,8 @@ function render({ model, el: element }) {
     const lo = Math.min(...scores, ...terms), hi = Math.max(...scores, ...terms);
     const sx = (x) => pad.l + ((x - offsets[0]) / (offsets[offsets.length - 1] - offsets[0])) * (width - pad.l - pad.r);
     const sy = (y) => height - pad.b - ((y - lo) / (hi - lo || 1)) * (height - pad.t - pad.b);
-    const plot = svg("svg", { width, height, class: "tfw-plot", role: "img", style: "cursor:crosshair" });
+    const plot = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "tfw-plot",
+                              role: "img", style: "cursor:crosshair" });
     plot.append(svg("rect", { x: pad.l, y: pad.t, width: width - pad.l - pad.r,
                               height: height - pad.t - pad.b, fill: "#fafafa", stroke: "#ccc" }));
     if (lo < 0 && hi > 0) {
@@ -139,8 +140,9 @@ function render({ model, el: element }) {
     text(pad.l, 12, "score q_i·k_j", "start", Q_COLOR);
     text(width - pad.r, 12, `plane ${plane}'s term`, "end", "#d62728");
     const pick = (event) => {
-      const rect = plot.getBoundingClientRect();
-      const frac = (event.clientX - rect.left - pad.l) / (width - pad.l - pad.r);
+      const rect = plot.getBoundingClientRect();  // (a narrow column shrinks the plot)
+      const x = ((event.clientX - rect.left) * width) / rect.width;
+      const frac = (x - pad.l) / (width - pad.l - pad.r);
       const span = offsets[offsets.length - 1] - offsets[0];
       setOffset(Math.round(offsets[0] + Math.max(0, Math.min(1, frac)) * span));
     };

@@ -144,13 +144,15 @@ const SAMPLING_STYLE = `
 .tfw-sampling .tfw-bars { max-height: 380px; overflow-y: auto; border: 1px solid #ddd;
   padding: 2px 4px; max-width: 640px; }
 .tfw-bar { display: flex; align-items: center; gap: 6px; height: 19px; }
-.tfw-bar .tfw-rank { width: 2.5em; text-align: right; color: #888; font-size: 11px; }
-.tfw-bar .tfw-label { width: 15em; overflow: hidden; text-overflow: ellipsis;
+.tfw-bar .tfw-rank { flex: none; width: 2.5em; text-align: right; color: #888; font-size: 11px; }
+.tfw-bar .tfw-label { flex: 0 1 15em; min-width: 0; overflow: hidden; text-overflow: ellipsis;
   font-family: monospace; white-space: pre; }
-.tfw-bar .tfw-track { position: relative; width: 260px; height: 13px; background: #f4f4f4; }
+.tfw-bar .tfw-track { position: relative; flex: 0 1 260px; min-width: 40px; height: 13px;
+  background: #f4f4f4; }
 .tfw-bar .tfw-before { position: absolute; left: 0; top: 0; height: 100%; background: #c8c8c8; }
 .tfw-bar .tfw-fill { position: absolute; left: 0; top: 3px; height: 7px; background: #1f77b4; }
-.tfw-bar .tfw-prob { font-family: monospace; font-size: 12px; white-space: pre; }
+.tfw-bar .tfw-prob { flex: none; width: 17ch; font-family: monospace; font-size: 12px;
+  white-space: pre; }
 .tfw-bar.tfw-cut { color: #aaa; }
 .tfw-bar.tfw-chosen .tfw-label { outline: 2px solid #d62728; }
 .tfw-sampling .tfw-context { max-width: 760px; }

@@ -7,6 +7,7 @@ const TOKEN_COLORS = ["#cfe8ff", "#ffe0ad", "#c8f0cf", "#f7cfe6", "#ded5ff", "#f
 const TOKEN_STYLE = `
 .tfw-tokenline { font-family: monospace; line-height: 2; }
 .tfw-token { margin-right: 1px; }
+.tfw-tokenline .tfw-token { white-space: pre-wrap; }  /* a token longer than the line wraps */
 .tfw-token.tfw-partial { font-style: italic; color: #555; outline: 1px dashed #888; }
 .tfw-token.tfw-special { background: #444 !important; color: #fff; }
 .tfw-token.tfw-hot { outline: 2px solid #d62728; }
