@@ -1,0 +1,104 @@
+"""tfbook.diagrams.text: each stage of the drawn pipeline is the tokenizer's own output."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tfbook.diagrams.text import pipeline_stages, pipelines_side_by_side, tokenizer_pipeline, wrap
+from tfbook.tokenizers import BPETokenizer, load_gpt2
+from tfbook.tokenizers.pretokenize import bert_normalize, bert_pretokenize, regex_split
+from tfbook.tokenizers.pretrained import load_minilm_wordpiece
+from tfbook.tokenizers.wordpiece import WordPieceTokenizer
+
+SVG = "{http://www.w3.org/2000/svg}"
+TEXT = "Café, naïve RÉSUMÉ; Łódź!"
+
+
+def svg_texts(svg: str) -> list[str]:
+    """Every <text> of the SVG, parsed as XML (so the escaping must be right)."""
+    return [el.text or "" for el in ET.fromstring(svg).iter(f"{SVG}text")]
+
+
+def chip_labels(diagram, stage: str) -> list[str]:
+    keys = sorted((lb for lb in diagram.labels if lb.key.startswith(stage + ".")),
+                  key=lambda lb: int(lb.key.rsplit(".", 1)[1]))
+    return [lb.text for lb in keys]
+
+
+def test_wordpiece_stages_are_the_tokenizers_own() -> None:
+    tok = load_minilm_wordpiece()
+    stages = {s.name: s for s in pipeline_stages(tok, TEXT)}
+    assert stages["normalise"].pieces == (bert_normalize(TEXT),)
+    assert stages["pre-tokenise"].pieces == tuple(bert_pretokenize(TEXT))
+    ids = tok.encode(TEXT, add_special_tokens=True)
+    assert stages["post-process"].pieces == tuple(tok.vocab[i] for i in ids)
+    post = stages["post-process"].pieces
+    assert post[0] == "[CLS]" and post[-1] == "[SEP]"
+    assert stages["ids"].pieces == tuple(str(i) for i in ids)
+    d = tokenizer_pipeline(tok, TEXT)
+    assert chip_labels(d, "ids") == [str(i) for i in ids]  # the drawn ids are encode()'s
+    assert chip_labels(d, "model") == [tok.vocab[i] for i in tok.encode(TEXT)]
+    for label in d.labels:
+        assert label.text in svg_texts(d.svg)
+
+
+def test_bpe_stages_are_the_tokenizers_own() -> None:
+    tok = load_gpt2()
+    stages = {s.name: s for s in pipeline_stages(tok, TEXT)}
+    assert stages["normalise"].pieces == (TEXT,)  # byte-level BPE keeps every byte
+    assert [p.replace("␣", " ") for p in stages["pre-tokenise"].pieces] == \
+        regex_split(TEXT, tok.pattern)
+    assert stages["ids"].pieces == tuple(str(i) for i in tok.encode(TEXT))
+    assert stages["post-process"].pieces == ()  # GPT-2 adds nothing
+    # a piece of a multi-byte character is shown escaped, not as a broken character
+    d = tokenizer_pipeline(tok, "Łódź")
+    assert any("\\x" in t for t in chip_labels(d, "model"))
+
+
+def test_config_changes_the_drawing() -> None:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cafe", "café", "Café", "!"]
+    uncased = WordPieceTokenizer(vocab)
+    cased = WordPieceTokenizer(vocab, lowercase=False, strip_accents=False)
+    a, b = tokenizer_pipeline(uncased, "Café!"), tokenizer_pipeline(cased, "Café!")
+    assert chip_labels(a, "model") == ["cafe", "!"] and chip_labels(b, "model") == ["Café", "!"]
+    assert "lowercase, strip accents" in svg_texts(a.svg)
+    assert "lowercase, strip accents" not in svg_texts(b.svg)
+    small = BPETokenizer.train("ab ab ab abc abc", 260)
+    assert chip_labels(tokenizer_pipeline(small, "abc"), "ids") == \
+        [str(i) for i in small.encode("abc")]
+
+
+@pytest.mark.parametrize("hostile", ["<script>alert(1)</script>", '"onload="x', "a & b </svg>",
+                                     "tab\there", "\x00nul"])
+def test_hostile_text_stays_text(hostile: str) -> None:
+    for tok in (load_minilm_wordpiece(), load_gpt2()):
+        d = pipelines_side_by_side([("<b>heading</b>", tok)], "x " + hostile)
+        html = d._repr_html_()
+        assert "<script>" not in html and "<b>heading" not in html
+        texts = svg_texts(d.svg)  # parses: nothing broke out of its element
+        assert "<b>heading</b>" in texts
+        for label in d.labels:
+            assert label.text in texts
+
+
+def test_wrap_keeps_every_character() -> None:
+    text = "café, naïve, façade, résumé, Ångström, São Paulo, Zürich"
+    for n in (8, 13, 40, 100):
+        lines = wrap(text, n)
+        assert "".join(lines) == text and all(len(line) <= n for line in lines)
+
+
+def test_bad_input() -> None:
+    tok = load_gpt2()
+    with pytest.raises(TypeError, match="WordPieceTokenizer or a BPETokenizer"):
+        pipeline_stages("gpt2", "text")
+    with pytest.raises(TypeError, match="text must be a str"):
+        pipeline_stages(tok, b"bytes")
+    with pytest.raises(ValueError, match="something to tokenize"):
+        pipeline_stages(tok, "   ")
+    with pytest.raises(ValueError, match="width must be a number"):
+        tokenizer_pipeline(tok, "text", width=20)
+    with pytest.raises(TypeError, match="heading, tokenizer"):
+        pipelines_side_by_side([tok], "text")

@@ -1,0 +1,344 @@
+"""Diagrams of Part V, drawn from the real objects: a LoRA layer, the training loop, data
+parallelism with a ring all-reduce played step by step, and tensor and pipeline parallelism.
+
+    from tfbook.diagrams.learning import lora_layer, training_loop, ring_steps
+    lora_layer(LoRALinear(nn.Linear(576, 576), r=8, alpha=16), x)
+    training_loop(model, (x, y), TrainConfig(...))
+    ring_steps(4)
+
+Every shape is read from a forward pass (`trace`) or from the parameters themselves, every
+count from the model or the config, and every chunk of the ring from a run of
+`ring_all_reduce_steps`: nothing on a drawing is typed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tfbook.diagrams._shared import chips, heading, note
+from tfbook.diagrams.diagram import Diagram
+from tfbook.diagrams.layout import GAP, Node, Rect, column, draw, hstack, row
+from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
+from tfbook.diagrams.trace import trace
+from tfbook.lora import LoRALinear
+from tfbook.train.distributed import ring_all_reduce_steps, shard_batch
+from tfbook.train.loop import TrainConfig
+
+BTC = ("B", "T", "C")
+
+
+def _lead(shape: tuple[int, ...], last: str) -> tuple[str, ...]:
+    """Legend letters for (..., last): (B, T, C_in) for a (2, 5, 576) input."""
+    return (("B", "T", "N", "M")[:len(shape) - 1]) + (last,)
+
+
+# --- LoRA ---------------------------------------------------------------------------------
+
+def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
+    """A LoRA layer on input x: the frozen W beside the trained A and B, the scale alpha / r,
+    their sum, and the merge W + (alpha / r) B A into one matrix."""
+    if not isinstance(layer, LoRALinear):
+        raise TypeError(f"lora_layer needs a tfbook.lora.LoRALinear, got {type(layer).__name__}")
+    if not isinstance(x, Tensor) or x.dim() < 2 or x.size(-1) != layer.in_features:
+        raise ValueError(f"x must be a tensor (..., {layer.in_features}) for this layer, got "
+                         f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+    tr = trace(layer, x)
+    with torch.no_grad():
+        down = F.linear(x, layer.lora_A)  # (..., r)
+        merged = layer.merged()
+    W, A, B = (tuple(t.shape) for t in (layer.base.weight, layer.lora_A, layer.lora_B))
+    x_shape, out = tr.input_shape(""), tr.shape("")
+    frozen = layer.base.weight.numel() + (0 if layer.base.bias is None else layer.base.bias.numel())
+    trained = layer.lora_A.numel() + layer.lora_B.numel()
+    c = Canvas("A LoRA layer")
+    y = heading(c, f"LoRA, r = {layer.r}: h = x Wᵀ + (α/r) x Aᵀ Bᵀ", 0, 0, "middle")
+    top = draw(c, Node("input x", x_shape, _lead(x_shape, "C_in"), key="x"), 0, y)
+    y = top.bottom + GAP + 4
+    left = Node("W: frozen", W, ("C_out", "C_in"), "mask", "W",
+                note=f"{frozen:,} numbers, no gradient")
+    a = Node("A: trained", A, ("r", "C_in"), "attn", "A", note="random at the start")
+    wide = max(left.width, a.width)
+    lx, rx = -(wide / 2 + 14), wide / 2 + 14
+    lr = draw(c, left, lx, y, wide)
+    rects = column(c, [a, Node("x Aᵀ: r numbers", tuple(down.shape), _lead(tuple(down.shape),
+                                                                            "r"), "attn", "down"),
+                       Node("B: trained", B, ("C_out", "r"), "head", "B", note="zero at the start"),
+                       Node(f"× α/r = {layer.alpha:g}/{layer.r} = {layer.scaling:g}",
+                            kind="plain", key="scale")],
+                   rx, y, gap=18, same_width=True)
+    for r in (lr, rects[0]):
+        c.line([(0, top.bottom), (0, top.bottom + 12), (r.cx, top.bottom + 12), (r.cx, r.y)])
+    y_add = rects[-1].bottom + 28
+    c.line([(lr.cx, lr.bottom), (lr.cx, y_add), (-11, y_add)])
+    c.line([(rects[-1].cx, rects[-1].bottom), (rects[-1].cx, y_add), (11, y_add)])
+    c.adder(0, y_add)
+    y = y_add + 11 + GAP
+    c.arrow(0, y_add + 11, 0, y)
+    draw(c, Node("output h", out, _lead(out, "C_out"), "stream", "h",
+                 note=f"trained: {trained:,} numbers = r (C_in + C_out)"), 0, y)
+    # the merge, as its own panel
+    m = Canvas("The merge")
+    y = heading(m, "After training: merge", 0, 0, "middle")
+    column(m, [Node("W + (α/r) B A", tuple(merged.weight.shape), ("C_out", "C_in"), "ffn",
+                    "merged", note="one matrix again: no extra cost"),
+               Node("h = x W′ᵀ", out, _lead(out, "C_out"), "stream", "merged_h",
+                    note="the same output, one product")], 0, y, same_width=True)
+    return Diagram(hstack("LoRA", [c, m], 32, ["", "merge."]), [c, m])
+
+
+# --- the training loop --------------------------------------------------------------------
+
+def training_loop(model: nn.Module, batch: tuple[Tensor, Tensor], config: TrainConfig,
+                  step: int = 0) -> Diagram:
+    """One optimiser step of the book's loop with the model's traced shapes and the config's
+    values: batch, forward, loss, backward, clip, schedule, AdamW step, and round again.
+
+    The forward pass runs without gradients, with torch's random state restored after it, so
+    drawing changes neither the model nor the random numbers of a later cell.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not (isinstance(batch, tuple) and len(batch) == 2
+            and all(isinstance(t, Tensor) and t.dim() == 2 for t in batch)
+            and batch[0].shape == batch[1].shape):
+        raise ValueError("batch must be (x, y): two (B, T) tensors of token ids, got "
+                         f"{type(batch).__name__}")
+    if not isinstance(step, int) or not 0 <= step < config.steps:
+        raise ValueError(f"step must be an int in [0, {config.steps}), got {step!r}")
+    x, y = batch
+    with torch.random.fork_rng():
+        tr = trace(model, x)
+    logits = tr.shape("lm_head")
+    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    B, T = x.shape
+    decay = {"cosine": "cosine", "linear": "linear", "inverse_sqrt": "1/√step",
+             "constant": "constant"}[config.schedule]
+    peak = f"{config.lr:g}"
+    clip = (f"if the norm > {config.clip:g}, scale to {config.clip:g}" if config.clip
+            else "off (clip=None)")
+    nodes = [
+        Node("batch x, targets y", (B, T), ("B", "T"), key="batch",
+             note="y is x shifted by one token"),
+        Node("forward: logits", logits, ("B", "T", "V"), "attn", "logits"),
+        Node("loss: cross-entropy", note=f"mean over B·T = {B * T:,} targets", kind="head",
+             key="loss"),
+        Node("backward: gradients", (n_params,), ("N",), "ffn", "grads",
+             note="one number per parameter"),
+        Node("clip the global norm", note=clip, kind="norm", key="clip"),
+        Node(f"learning rate of step {step}: {config.lr_at(step):.3g}", kind="plain",
+             key="lr", note=f"warmup {config.warmup} steps to {peak}, then {decay}"),
+        Node("AdamW step", kind="ffn", key="adamw",
+             note=f"β = {config.betas[0]:g}, {config.betas[1]:g}; "
+                  f"weight decay {config.weight_decay:g}"),
+    ]
+    c = Canvas("The training loop")
+    y0 = heading(c, f"The training loop: {config.steps:,} steps", 0, 0, "middle")
+    rects = column(c, nodes, 0, y0, gap=20, same_width=True)
+    xl = rects[0].x - 26
+    c.line([(rects[-1].x, rects[-1].cy), (xl, rects[-1].cy), (xl, rects[0].cy),
+            (rects[0].x, rects[0].cy)])
+    c.text(xl - 6, (rects[0].cy + rects[-1].cy) / 2, "next step", SMALL, anchor="end",
+           )
+    return Diagram(c)
+
+
+# --- data parallelism ---------------------------------------------------------------------
+
+def _ring_label(value: float, p: int) -> str:
+    """Which ranks' contributions a chunk holds: rank r put 2^r in it; Σ when all p."""
+    mask = int(value)
+    if mask == 2 ** p - 1:
+        return "Σ"
+    return "+".join(str(k) for k in range(p) if mask >> k & 1)
+
+
+def ring_steps(p: int = 4) -> Diagram:
+    """A ring all-reduce of p ranks, one panel per step: reduce-scatter, then all-gather.
+
+    Each cell is one rank's copy of one chunk, labelled with the ranks whose contributions it
+    holds (read from a run of `ring_all_reduce_steps` in which rank r's gradient is 2^r);
+    the chunks sent at a step are outlined, each to the next rank (the last to rank 0).
+    """
+    if not isinstance(p, int) or isinstance(p, bool) or not 2 <= p <= 8:
+        raise ValueError(f"p must be an int from 2 to 8 (ranks in the ring), got {p!r}")
+    states = list(ring_all_reduce_steps([torch.full((p,), 2.0 ** r, dtype=torch.float64)
+                                         for r in range(p)]))
+    labels = [[[_ring_label(float(v.item()), p) for v in row] for row in state.chunks]
+              for state in states]
+    widest = max(text_width(t, SMALL) for grid in labels for line in grid for t in line)
+    cell_w, cell_h, label_w = max(34.0, widest + 12), 26.0, 52.0
+    panels = []
+    for i, state in enumerate(states):
+        title = ("start: each its own" if state.phase == "start"
+                 else f"{state.phase} {state.step + 1}")
+        c = Canvas(title)
+        y = heading(c, title, label_w + p * cell_w / 2, 0, "middle")
+        for k in range(p):
+            c.text(label_w + (k + 0.5) * cell_w, y + 4, f"c{k}", SMALL)
+        y += 12
+        sent = {(src, chunk) for src, _, chunk in state.sends}
+        for r in range(p):
+            c.text(label_w - 8, y + (r + 0.5) * cell_h + 5, f"rank {r}", SMALL, anchor="end")
+            for k in range(p):
+                label = labels[i][r][k]
+                full = label == "Σ"
+                cx, cy = label_w + k * cell_w, y + r * cell_h
+                c.box(cx + 1, cy + 1, cell_w - 2, cell_h - 2, "attn" if full else "data",
+                      dashed=False, radius=2)
+                c.text(cx + cell_w / 2, cy + cell_h / 2 + 5, label, SMALL, bold=full,
+                       key=f"{r}.{k}")
+                if (r, k) in sent:
+                    c.box(cx - 1.5, cy - 1.5, cell_w + 3, cell_h + 3, "head", dashed=True,
+                          radius=3)
+        y += p * cell_h + 18
+        if state.sends:
+            moves = ", ".join(f"{s}→{d}" for s, d, _ in state.sends)
+            note(c, label_w + p * cell_w / 2, y, f"outlined: sent {moves}", anchor="middle")
+        else:
+            note(c, label_w + p * cell_w / 2, y, "digits: whose gradients a cell holds",
+                 anchor="middle")
+        panels.append(c)
+    prefixes = [f"{i}." for i in range(len(panels))]
+    return Diagram(hstack(f"Ring all-reduce of {p} ranks", panels, 24, prefixes), panels)
+
+
+def data_parallel(model: nn.Module, batch: tuple[Tensor, Tensor], world_size: int) -> Diagram:
+    """p replicas of `model`, each on its shard of the global batch (`shard_batch`), their
+    gradients averaged by an all-reduce, and the same step everywhere."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(world_size, int) or not 2 <= world_size <= 4:
+        raise ValueError(f"world_size must be an int from 2 to 4 (ranks drawn), got "
+                         f"{world_size!r}")
+    shards = [shard_batch(batch, r, world_size) for r in range(world_size)]  # checks sizes
+    n_params = sum(p.numel() for p in model.parameters())
+    c = Canvas("Data parallelism")
+    y = heading(c, f"Data parallelism: {world_size} replicas", 0, 0, "middle")
+    top = draw(c, Node("global batch", tuple(batch[0].shape), ("B", "T"), key="global"), 0, y)
+    y = top.bottom + GAP + 6
+    columns = []
+    for r, (xs, _) in enumerate(shards):
+        columns.append([Node(f"rank {r}: rows", tuple(xs.shape), ("B/p", "T"), key=f"shard{r}"),
+                        Node("replica", (n_params,), ("N",), "attn", f"replica{r}",
+                             note="the same weights"),
+                        Node("gradient g_r", (n_params,), ("N",), "ffn", f"grad{r}")])
+    width = max(n.width for col in columns for n in col)
+    xs_ = [(r - (world_size - 1) / 2) * (width + 16) for r in range(world_size)]
+    bottoms = []
+    for xc, col in zip(xs_, columns, strict=True):
+        c.line([(0, top.bottom), (0, top.bottom + 10), (xc, top.bottom + 10), (xc, y)])
+        rects = column(c, col, xc, y, gap=18, same_width=True)
+        for rect in rects:
+            del rect
+        bottoms.append(rects[-1])
+    y = max(b.bottom for b in bottoms) + GAP
+    title = f"all-reduce: every rank gets the mean of the {world_size} gradients"
+    span = max(xs_[-1] - xs_[0] + width, text_width(title, FONT) + 24)
+    c.box(-span / 2, y, span, 40, "stream")
+    c.text(0, y + 17, title, FONT, bold=True)
+    note(c, 0, y + 33, "a ring: each rank sends 2 (p − 1) / p of its gradient", anchor="middle")
+    for b in bottoms:
+        c.arrow(b.cx, b.bottom, b.cx, y)
+    y += 40 + GAP
+    c.arrow(0, y - GAP, 0, y)
+    draw(c, Node("the same optimiser step on every rank", kind="plain",
+                 note="the replicas stay identical"), 0, y)
+    return Diagram(c)
+
+
+def _pipeline_schedule(stages: int, micro: int) -> list[list[str]]:
+    """GPipe: grid[s][t] = "F3" (forward of micro-batch 3) / "B3" / "" (idle: the bubble).
+
+    Stage s runs the forward of micro-batch k at time s + k; after the last forward leaves
+    the last stage, the backward passes run back up the pipeline in the same order.
+    """
+    span = micro + stages - 1  # time slots of the forward (and of the backward) half
+    grid = [[""] * (2 * span) for _ in range(stages)]
+    for s in range(stages):
+        for k in range(micro):
+            grid[s][s + k] = f"F{k + 1}"
+            grid[s][span + (stages - 1 - s) + k] = f"B{k + 1}"
+    return grid
+
+
+def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> Diagram:
+    """Two sketches on a real GPT: tensor parallelism (the feed-forward matrices of block 1
+    split over `ranks`) and pipeline parallelism (its blocks in `ranks` stages, GPipe's
+    schedule of `micro_batches` micro-batches with its idle bubble)."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"model_parallel needs a tfbook GPT (with .blocks), got "
+                        f"{type(model).__name__}")
+    if not isinstance(ranks, int) or not 2 <= ranks <= len(blocks):
+        raise ValueError(f"ranks must be an int from 2 to the {len(blocks)} blocks, got {ranks!r}")
+    if not isinstance(micro_batches, int) or not 1 <= micro_batches <= 8:
+        raise ValueError(f"micro_batches must be an int from 1 to 8, got {micro_batches!r}")
+    ff = blocks[0].ff
+    w1, w2 = tuple(ff.fc_in.weight.shape), tuple(ff.fc_out.weight.shape)  # (F, C), (C, F)
+    if w1[0] % ranks:
+        raise ValueError(f"F = {w1[0]} hidden units do not split over {ranks} ranks")
+    part = w1[0] // ranks
+    # tensor parallelism
+    t = Canvas("Tensor parallelism")
+    y = heading(t, "Tensor parallelism: one FFN split", 0, 0, "middle")
+    top = draw(t, Node("x, the same on every rank", None, kind="data", note="(B, T, C)"), 0, y)
+    y = top.bottom + GAP
+    nodes = [[Node(f"rank {r}: W_1 rows", (part, w1[1]), ("F/p", "C"), "ffn", f"w1.{r}",
+                   note=f"units {r * part}–{(r + 1) * part - 1}"),
+              Node(f"rank {r}: W_2 columns", (w2[0], part), ("C", "F/p"), "ffn", f"w2.{r}",
+                   note="a partial output")] for r in range(ranks)]
+    width = max(n.width for col in nodes for n in col)
+    xs = [(r - (ranks - 1) / 2) * (width + 14) for r in range(ranks)]
+    ends = []
+    for xc, col in zip(xs, nodes, strict=True):
+        t.line([(0, top.bottom), (0, top.bottom + 10), (xc, top.bottom + 10), (xc, y)])
+        ends.append(column(t, col, xc, y, gap=18, same_width=True)[-1])
+    y = max(e.bottom for e in ends) + GAP
+    for e in ends:
+        t.arrow(e.cx, e.bottom, e.cx, y)
+    span = max(xs[-1] - xs[0] + width, text_width("all-reduce: sum the partial outputs", FONT) + 24)
+    t.box(-span / 2, y, span, 30, "stream")
+    t.text(0, y + 20, "all-reduce: sum the partial outputs", FONT, bold=True)
+    note(t, 0, y + 50, f"W_1 {w1} by rows, W_2 {w2} by columns", mono=False, anchor="middle",
+         key="ffn_weights", shape=w1 + w2)
+    # pipeline parallelism
+    n = len(blocks)
+    bounds = [round(s * n / ranks) for s in range(ranks + 1)]
+    grid = _pipeline_schedule(ranks, micro_batches)
+    p = Canvas("Pipeline parallelism")
+    cell = 30.0
+    label_w = max(text_width(f"stage {s}: blocks {bounds[s] + 1}–{bounds[s + 1]}", SMALL)
+                  for s in range(ranks)) + 10
+    y = heading(p, "Pipeline parallelism (GPipe)", label_w + len(grid[0]) * cell / 2, 0,
+                "middle")
+    for s, line in enumerate(grid):
+        first, last = bounds[s] + 1, bounds[s + 1]
+        blocks_text = f"block {first}" if first == last else f"blocks {first}–{last}"
+        p.text(label_w - 8, y + s * cell + cell / 2 + 5, f"stage {s}: {blocks_text}", SMALL,
+               anchor="end", key=f"stage{s}", shape=(first, last))
+        for k, slot in enumerate(line):
+            x = label_w + k * cell
+            if slot:
+                p.box(x + 1, y + s * cell + 1, cell - 2, cell - 2,
+                      "attn" if slot[0] == "F" else "head", radius=2)
+                p.text(x + cell / 2, y + s * cell + cell / 2 + 5, slot, SMALL,
+                       key=f"slot{s}.{k}")
+            else:
+                p.box(x + 1, y + s * cell + 1, cell - 2, cell - 2, "plain", dashed=True,
+                      radius=2)
+    idle = sum(slot == "" for line in grid for slot in line)
+    total = sum(len(line) for line in grid)
+    y += ranks * cell + 20
+    p.arrow(label_w, y - 8, label_w + len(grid[0]) * cell, y - 8)
+    note(p, label_w + len(grid[0]) * cell / 2, y + 10, "time →  F: forward, B: backward of "
+         "a micro-batch", anchor="middle")
+    note(p, label_w + len(grid[0]) * cell / 2, y + 28,
+         f"dashed: idle, {idle} of {total} slots (the bubble)", key="bubble",
+         shape=(idle, total), anchor="middle")
+    return Diagram(hstack("Splitting the model", [t, p], 32, ["tensor.", "pipeline."]), [t, p])
+
+
+__all__ = ["data_parallel", "lora_layer", "model_parallel", "ring_steps", "training_loop"]
+del Rect, row, chips

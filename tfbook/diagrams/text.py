@@ -1,0 +1,155 @@
+"""The tokenizer pipeline drawn from a real tokenizer: normalise, pre-tokenise, model, ids.
+
+    from tfbook.diagrams.text import tokenizer_pipeline, pipelines_side_by_side
+    tokenizer_pipeline(load_minilm_wordpiece(), "Café au lait!")
+
+Each stage's output is what the tokenizer's own functions produce at that stage
+(`pipeline_stages` calls them), and the ids at the end are `tokenizer.encode(text)`: a
+drawing that disagreed with the tokenizer would fail in `pipeline_stages`. Every string is
+escaped by the canvas, so the text may be anything a reader types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfbook.diagrams._shared import chips, heading, note, visible
+from tfbook.diagrams.diagram import Diagram
+from tfbook.diagrams.layout import hstack
+from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
+from tfbook.tokenizers.bpe import BPETokenizer
+from tfbook.tokenizers.pretokenize import bert_normalize, bert_pretokenize, regex_split
+from tfbook.tokenizers.wordpiece import WordPieceTokenizer
+
+STAGES = ("text", "normalise", "pre-tokenise", "model", "post-process", "ids")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a tokenizer: its name, what this tokenizer does there, and its output."""
+
+    name: str  # one of STAGES
+    note: str  # what the tokenizer does at this stage
+    pieces: tuple[str, ...]  # the output, as the reader sees it (one string for the text)
+    kind: str = "data"  # the tint of its chips
+
+
+def _check(tokenizer: object, text: object) -> None:
+    if not isinstance(tokenizer, WordPieceTokenizer | BPETokenizer):
+        raise TypeError("pipeline_stages needs a WordPieceTokenizer or a BPETokenizer, got "
+                        f"{type(tokenizer).__name__}")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"text must hold something to tokenize, got {text!r}")
+
+
+def pipeline_stages(tokenizer: WordPieceTokenizer | BPETokenizer, text: str) -> list[Stage]:
+    """The output of each stage for `text`, computed by the tokenizer's own functions.
+
+    WordPiece (BERT): `bert_normalize`, `bert_pretokenize`, `encode_word` per word, [CLS] and
+    [SEP] around; byte-level BPE: no normalisation, `regex_split` with the tokenizer's
+    pattern, the merges per piece, nothing added. The last stage's ids are checked against
+    `tokenizer.encode(text)`.
+    """
+    _check(tokenizer, text)
+    stages = [Stage("text", "as typed", (text,))]
+    if isinstance(tokenizer, WordPieceTokenizer):
+        lower, accents = tokenizer.lowercase, tokenizer.strip_accents
+        what = ", ".join(w for w, on in (("lowercase", lower), ("strip accents", accents)) if on)
+        stages.append(Stage("normalise", what or "clean control characters",
+                            (bert_normalize(text, lower, accents),)))
+        words = bert_pretokenize(text, lower, accents)
+        stages.append(Stage("pre-tokenise", "cut at spaces, punctuation",
+                            tuple(words), "plain"))
+        per_word = [tokenizer.encode_word(w) for w in words]
+        ids = [i for word_ids in per_word for i in word_ids]
+        stages.append(Stage("model", "WordPiece: longest match",
+                            tuple(tokenizer.vocab[i] for i in ids), "embed"))
+        cls, sep = tokenizer.special_tokens["[CLS]"], tokenizer.special_tokens["[SEP]"]
+        ids = [cls, *ids, sep]
+        stages.append(Stage("post-process", "add [CLS] and [SEP]",
+                            tuple(tokenizer.vocab[i] for i in ids), "embed"))
+        encoded = tokenizer.encode(text, add_special_tokens=True)
+    else:
+        stages.append(Stage("normalise", "none: every byte is kept", (text,)))
+        pieces = regex_split(text, tokenizer.pattern) if tokenizer.pattern else [text]
+        stages.append(Stage("pre-tokenise", "regex: a space joins the next word",
+                            tuple(visible(p) for p in pieces), "plain"))
+        ids = [i for p in pieces for i in tokenizer.encode_ordinary(p)]
+        stages.append(Stage("model", "BPE merges, piece by piece",
+                            tuple(visible(tokenizer.decode_bytes([i])) for i in ids), "embed"))
+        stages.append(Stage("post-process", "none: nothing added", ()))
+        encoded = tokenizer.encode(text)
+    if encoded != ids:  # the drawing must be the tokenizer's own result
+        raise RuntimeError("the stages disagree with tokenizer.encode(text)")
+    stages.append(Stage("ids", f"{len(ids)} ids", tuple(str(i) for i in ids), "head"))
+    return stages
+
+
+def visible_text(text: str) -> str:
+    """A whole string as a reader can see it: spaces kept, control characters escaped."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text) or "∅"
+
+
+def wrap(text: str, per_line: int) -> list[str]:
+    """Cut text into lines of at most per_line characters, after a space where one is near.
+
+    Nothing is dropped: "".join(wrap(text, n)) == text.
+    """
+    lines = []
+    while len(text) > per_line:
+        cut = text.rfind(" ", per_line // 2, per_line) + 1 or per_line
+        lines.append(text[:cut])
+        text = text[cut:]
+    return lines + [text] if text else lines
+
+
+def _pipeline_canvas(stages: list[Stage], title: str, width: float) -> Canvas:
+    c = Canvas(title)
+    y = heading(c, title, 0, 0)
+    for k, stage in enumerate(stages):
+        if k:
+            c.arrow(10, y - 14, 10, y)
+        c.text(0, y + FONT, stage.name, FONT, bold=True, anchor="start", key=f"{stage.name}")
+        note(c, text_width(stage.name, FONT) + 12, y + FONT, stage.note)
+        y += FONT + 8
+        if not stage.pieces:  # nothing new at this stage
+            y += 10
+            continue
+        if stage.name in ("text", "normalise"):  # one string, cut into lines that fit
+            per_line = max(8, int((width - 12) / text_width("x", SMALL, mono=True)))
+            string = visible_text(stage.pieces[0])
+            lines = wrap(string, per_line)
+            rect = chips(c, 0, y, lines, width, stage.kind, key=stage.name)
+        else:
+            rect = chips(c, 0, y, list(stage.pieces), width, stage.kind, key=stage.name)
+        y = rect.bottom + 22
+    return c
+
+
+def tokenizer_pipeline(tokenizer: WordPieceTokenizer | BPETokenizer, text: str,
+                       title: str | None = None, width: float = 520) -> Diagram:
+    """The stages of `tokenizer` on `text`, one under the other, each with its output."""
+    if not (isinstance(width, int | float) and 160 <= width <= 1200):
+        raise ValueError(f"width must be a number in [160, 1200] (SVG units), got {width!r}")
+    kind = "WordPiece" if isinstance(tokenizer, WordPieceTokenizer) else "byte-level BPE"
+    title = title or f"{kind}: text to ids"
+    return Diagram(_pipeline_canvas(pipeline_stages(tokenizer, text), title, width))
+
+
+def pipelines_side_by_side(tokenizers: list[tuple[str, WordPieceTokenizer | BPETokenizer]],
+                           text: str, width: float = 330) -> Diagram:
+    """Several tokenizers' pipelines on the same text, as panels that wrap on a narrow page."""
+    if not (isinstance(tokenizers, list) and tokenizers and all(
+            isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], str) for t in tokenizers)):
+        raise TypeError("tokenizers must be a non-empty list of (heading, tokenizer) pairs")
+    if not (isinstance(width, int | float) and 160 <= width <= 1200):
+        raise ValueError(f"width must be a number in [160, 1200] (SVG units), got {width!r}")
+    panels = [_pipeline_canvas(pipeline_stages(tok, text), name, width)
+              for name, tok in tokenizers]
+    prefixes = [f"{i}." for i in range(len(panels))]
+    return Diagram(hstack("Tokenizer pipelines", panels, 28, prefixes), panels)
+
+
+__all__ = ["STAGES", "Stage", "pipeline_stages", "pipelines_side_by_side", "tokenizer_pipeline"]
