@@ -186,7 +186,7 @@ def head_split(tr: Trace, name: str) -> Diagram:
     else:
         _side_note(c, right + 12, y - 4, "K and V are split the same way", "n_kv_heads")
         _side_note(c, right + 12, y + 14, shape_label(kv_legend, at.k), "k", at.k, mono=True)
-        y += 14
+        y += 32
     c.arrow(0, heads[-1].bottom, 0, y + 36)
     _side_note(c, 10, y + 12, "every head attends on its own:")
     _side_note(c, 10, y + 29, shape_label(WEIGHTS, at.weights), "weights", at.weights,
