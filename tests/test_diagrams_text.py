@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from tfbook.diagrams.text import pipeline_stages, pipelines_side_by_side, tokenizer_pipeline, wrap
-from tfbook.tokenizers import BPETokenizer, load_gpt2
+from tfbook.tokenizers import BPETokenizer
+from tfbook.tokenizers import load_gpt2 as _load_gpt2
 from tfbook.tokenizers.pretokenize import bert_normalize, bert_pretokenize, regex_split
-from tfbook.tokenizers.pretrained import load_minilm_wordpiece
+from tfbook.tokenizers.pretrained import load_minilm_wordpiece as _load_wordpiece
 from tfbook.tokenizers.wordpiece import WordPieceTokenizer
 
+load_gpt2 = functools.cache(_load_gpt2)  # read once for all tests
+load_minilm_wordpiece = functools.cache(_load_wordpiece)
 SVG = "{http://www.w3.org/2000/svg}"
 TEXT = "Café, naïve RÉSUMÉ; Łódź!"
 
@@ -102,3 +106,39 @@ def test_bad_input() -> None:
         tokenizer_pipeline(tok, "text", width=20)
     with pytest.raises(TypeError, match="heading, tokenizer"):
         pipelines_side_by_side([tok], "text")
+
+
+# --- RoPE (book/text/rope.md) -----------------------------------------------------------------
+
+def test_rope_angles_are_apply_ropes() -> None:
+    import math
+
+    from tfbook.diagrams.positions import rope_angles_drawn, rope_planes
+    from tfbook.rope import rope_frequencies
+
+    D, positions, planes = 16, (0, 1, 2, 5, 30), (0, 1, 7)
+    theta = rope_frequencies(D).tolist()
+    angles = rope_angles_drawn(D, positions, planes)
+    for i, n in enumerate(planes):
+        for j, t in enumerate(positions):
+            gap = abs(angles[i][j] - (t * theta[n]) % math.tau)
+            assert min(gap, math.tau - gap) < 1e-9  # float64 rotation of a unit vector
+    d = rope_planes(D, positions, planes)
+    labels = {lb.key: lb for lb in d.labels if lb.key}
+    assert labels["angle0.4"].text == f"{30 * theta[0]:.3g} rad"
+    assert labels["theta2"].text == f"θ = {theta[7]:.3g}"
+    assert [labels[f"plane{i}"].shape for i in range(3)] == [(0,), (1,), (7,)]
+    for label in d.labels:
+        assert label.text in svg_texts(d.svg)
+    wider = rope_planes(64, positions, planes)  # another head size: other frequencies
+    assert {lb.key: lb.text for lb in wider.labels}["theta1"] != labels["theta1"].text
+    assert rope_planes(16, base=500.0).svg != rope_planes(16).svg
+
+
+@pytest.mark.parametrize("args", [(15,), (16, (), (0,)), (16, (0, -1), (0,)), (16, (0,), (8,)),
+                                  (16, [0, 1], (0,)), (16, (0,), (0,), 1.0)])
+def test_rope_bad_input(args: tuple) -> None:
+    from tfbook.diagrams.positions import rope_planes
+
+    with pytest.raises(ValueError, match="must be"):
+        rope_planes(*args)
