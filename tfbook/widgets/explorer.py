@@ -54,7 +54,7 @@ ATTENTION_ROW = [
     ("attn.k", "k", ("T", "D"), "head"),
     ("attn.v", "v", ("T", "D"), "head"),
     ("attn.weights", "weights", ("T", "T"), "weights"),
-    ("attn", "attention out", ("T", "C"), "linear"),
+    ("attn", "attn out", ("T", "C"), "linear"),
 ]
 FFN_ROW = [
     ("norm2", "norm 2", ("T", "C"), "norm"),
@@ -63,8 +63,9 @@ FFN_ROW = [
 ]
 BOX_HEIGHT = 34
 ROW_GAP = 14
-STREAM_X = 24  # the residual stream: a vertical line the sub-layers add to
-GAP = 8
+STREAM_X = 16  # the residual stream: a vertical line the sub-layers add to
+GAP = 6  # between boxes (2 between q, k and v: one group)
+WIDTHS = {"norm": 50, "head": 40, "weights": 56, "linear": 66, "hidden": 100}
 
 
 def _check_decoder(model: object) -> GPT:
@@ -102,40 +103,39 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
                       "x": x, "y": y, "w": w, "h": BOX_HEIGHT, "layer": layer})
 
     y = 0
-    x = STREAM_X + 30
-    box("tok_emb", "token embedding", ("T", "C"), "embed", x, y, 120)
+    x = STREAM_X + 24
+    box("tok_emb", "token embedding", ("T", "C"), "embed", x, y, 110)
     if learned:
-        box("pos_emb", "position", ("T", "C"), "embed", x + 130, y, 90)
+        box("pos_emb", "position", ("T", "C"), "embed", x + 118, y, 70)
         edges.append(["pos_emb", "embed"])
     edges.append(["tok_emb", "embed"])
     y += BOX_HEIGHT + ROW_GAP
     box("embed", "x₀ = embedding" + (" + position" if learned else ""), ("T", "C"), "stream",
         STREAM_X - 12, y, 24)
     y += BOX_HEIGHT + ROW_GAP
-    widths = {"norm": 62, "head": 40, "weights": 62, "linear": 90, "hidden": 110}
     for layer in range(config.n_layers):
         for row, resid in ((ATTENTION_ROW, "resid1"), (FFN_ROW, "resid2")):
-            x = STREAM_X + 30
+            x = STREAM_X + 24
             previous = None
             for suffix, label, shape, kind in row:
                 key = f"blocks.{layer}.{suffix}"
                 if suffix == "attn.k" or suffix == "attn.v":
                     shape = ("T", "D")
-                box(key, label, shape, kind, x, y, widths[kind], layer)
+                box(key, label, shape, kind, x, y, WIDTHS[kind], layer)
                 if previous and not (suffix in ("attn.k", "attn.v")):
                     edges.append([previous, key])
                 if suffix not in ("attn.q", "attn.k"):
                     previous = key
-                x += widths[kind] + GAP
+                x += WIDTHS[kind] + (2 if suffix in ("attn.q", "attn.k") else GAP)
             edges.append([previous, f"blocks.{layer}.{resid}"])
             y += BOX_HEIGHT + 4
             box(f"blocks.{layer}.{resid}", f"block {layer + 1} + " + (
                 "attention" if resid == "resid1" else "FFN"), ("T", "C"), "stream",
                 STREAM_X - 12, y, 24, layer)
             y += BOX_HEIGHT + ROW_GAP
-    x = STREAM_X + 30
-    box("norm_f", "final norm", ("T", "C"), "norm", x, y, 80)
-    box("logits", "logits", ("T", "V"), "logits", x + 90, y, 80)
+    x = STREAM_X + 24
+    box("norm_f", "final norm", ("T", "C"), "norm", x, y, 72)
+    box("logits", "logits", ("T", "V"), "logits", x + 80, y, 72)
     edges.append(["norm_f", "logits"])
     width = max(b["x"] + b["w"] for b in boxes) + 10
     return {"boxes": boxes, "edges": edges, "sizes": n, "width": width, "height": y + BOX_HEIGHT,

@@ -16,7 +16,11 @@
 const EXPLORER_STYLE = `
 .tfw-explorer { max-width: 100%; }
 .tfw-explorer .tfw-scroll { overflow-x: auto; max-width: 100%; }
+.tfw-explorer .tfw-diagram { max-height: 560px; overflow-y: auto; flex: 0 1 auto; }
+.tfw-explorer .tfw-body { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
+.tfw-explorer .tfw-panel { flex: 1 1 300px; min-width: 0; }
 .tfw-explorer svg text { font: 11px system-ui, sans-serif; }
+.tfw-explorer svg text.tfw-shape { font-size: 10px; }
 .tfw-explorer .tfw-box rect { stroke: #555; stroke-width: 1; cursor: pointer; }
 .tfw-explorer .tfw-box rect.tfw-hit { stroke: none; }
 .tfw-explorer .tfw-box text { fill: #222; pointer-events: none; }
@@ -166,15 +170,15 @@ function render({ model, el: element }) {
       g.append(svg("rect", { x: b.x, y: b.y, width: b.w, height: b.h, rx: 4,
                              fill: BOX_FILL[b.kind] }));
       g.append(svg("text", { x: b.x + b.w / 2, y: b.y + 14, "text-anchor": "middle", text: b.label }));
-      shape = svg("text", { x: b.x + b.w / 2, y: b.y + 28, "text-anchor": "middle" });
+      shape = svg("text", { class: "tfw-shape", x: b.x + b.w / 2, y: b.y + 28, "text-anchor": "middle" });
     }
     g.append(shape);
     shapeTexts.set(b.key, shape);
     boxNodes.set(b.key, g);
     diagram.append(g);
   }
-  const diagramBox = el("div", { class: "tfw-scroll" }, diagram);
-  node.append(diagramBox);
+  // a deep model (SmolLM2: 30 blocks) scrolls inside its own box, not the page
+  const diagramBox = el("div", { class: "tfw-scroll tfw-diagram" }, diagram);
 
   // --- the panel of the selected box ---------------------------------------------------------
   const title = el("div", { class: "tfw-title", style: "font-weight: 600; margin-top: 6px" });
@@ -187,9 +191,12 @@ function render({ model, el: element }) {
   const topTable = el("table", { class: "tfw-top" });
   const chartTitle = el("div", { class: "tfw-note" },
                         "norm of the residual stream ‖xₜ‖ after each addition (one line a token)");
-  const chart = svg("svg", { class: "tfw-norms", width: 360, height: 150, role: "img" });
-  node.append(title, facts, el("div", { class: "tfw-scroll" }, heat), topTable,
-              chartTitle, el("div", { class: "tfw-scroll" }, chart));
+  const chart = svg("svg", { class: "tfw-norms", width: 300, height: 150, role: "img" });
+  // the diagram and the selected box's panel side by side when the column is wide enough
+  const panel = el("div", { class: "tfw-panel" }, title, facts,
+                   el("div", { class: "tfw-scroll" }, heat), topTable, chartTitle,
+                   el("div", { class: "tfw-scroll" }, chart));
+  node.append(el("div", { class: "tfw-body" }, diagramBox, panel));
 
   // --- state --------------------------------------------------------------------------------
   let run = null;  // {ids, tokens, dropped, tensors: {key: Float32Array}, norms: [[T]], T}
@@ -268,7 +275,8 @@ function render({ model, el: element }) {
     for (const x of v.values) { if (x < min) min = x; if (x > max) max = x; }
     facts.textContent = `shape ${v.shape}; values from ${min.toPrecision(4)} to ${max.toPrecision(4)}` +
       (v.probabilities ? "; white 0, dark blue 1" : "; blue negative, red positive");
-    const cell = Math.max(1, Math.min(12, Math.floor(480 / v.cols)));
+    const room = (panel.clientWidth || 400) - 90;  // beside the token labels
+    const cell = Math.max(1, Math.min(12, Math.floor(room / v.cols)));
     const image = new ImageData(v.cols, v.rows);
     const vmax = Math.max(Math.abs(min), Math.abs(max)) || 1;
     for (let i = 0; i < v.values.length; i++) {
@@ -319,7 +327,7 @@ function render({ model, el: element }) {
     chart.replaceChildren();
     if (!run || !run.norms) return;
     const P = run.norms.length, T = run.T;
-    const W = 360, H = 150, pad = { l: 40, r: 8, t: 8, b: 30 };
+    const W = 300, H = 150, pad = { l: 40, r: 8, t: 8, b: 30 };
     let top = 0;
     for (const row of run.norms) for (const x of row) top = Math.max(top, x);
     const sx = (p) => pad.l + (p / Math.max(1, P - 1)) * (W - pad.l - pad.r);
