@@ -345,7 +345,8 @@ function render({ model, el: element }) {
     }
     chart.append(svg("text", { x: (W + pad.l) / 2, y: H - 3, "text-anchor": "middle",
                                text: "block n: a after attention, f after FFN" }));
-    chart.append(svg("text", { x: pad.l - 4, y: pad.t + 9, "text-anchor": "end", text: top.toFixed(1) }));
+    const topText = top >= 1000 ? `${(top / 1000).toFixed(1)}k` : top.toFixed(1);
+    chart.append(svg("text", { x: pad.l - 4, y: pad.t + 9, "text-anchor": "end", text: topText }));
     chart.append(svg("text", { x: pad.l - 4, y: H - pad.b, "text-anchor": "end", text: "0" }));
   }
 
