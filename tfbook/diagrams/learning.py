@@ -47,7 +47,7 @@ def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
     tr = trace(layer, x)
     with torch.no_grad():
         down = F.linear(x, layer.lora_A)  # (..., r)
-        merged = layer.merged()
+        merged = layer.base.weight + layer.delta_weight()  # what layer.merged() holds
     W, A, B = (tuple(t.shape) for t in (layer.base.weight, layer.lora_A, layer.lora_B))
     x_shape, out = tr.input_shape(""), tr.shape("")
     frozen = layer.base.weight.numel() + (0 if layer.base.bias is None else layer.base.bias.numel())
@@ -81,7 +81,7 @@ def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
     # the merge, as its own panel
     m = Canvas("The merge")
     y = heading(m, "After training: merge", 0, 0, "middle")
-    column(m, [Node("W + (α/r) B A", tuple(merged.weight.shape), ("C_out", "C_in"), "ffn",
+    column(m, [Node("W + (α/r) B A", tuple(merged.shape), ("C_out", "C_in"), "ffn",
                     "merged", note="one matrix again: no extra cost"),
                Node("h = x W′ᵀ", out, _lead(out, "C_out"), "stream", "merged_h",
                     note="the same output, one product")], 0, y, same_width=True)
