@@ -186,9 +186,8 @@ def _memory_canvas(ct: CacheTrace) -> Canvas:
     layer = Node("one layer", ct.decode.stored, STORED, "stream", "layer",
                  note="K and V: two such tensors")
     r = draw(c, layer, 0, y)
-    c.text(r.right + 10, r.cy + 5, f"× {L} layers", 15, bold=True, anchor="start",
-           key="n_layers", shape=(L,))
-    y = r.bottom + 24
+    c.text(0, r.bottom + 22, f"× {L} layers", 15, bold=True, key="n_layers", shape=(L,))
+    y = r.bottom + 50
     formula = f"2 × {L} × {B} × {H_kv} × {S} × {D} × {nbytes} bytes"
     note(c, 0, y, "2 (K, V) × L × B × H_kv × S × D × bytes a number", anchor="middle")
     note(c, 0, y + 18, formula, "formula", (2, L, B, H_kv, S, D, nbytes), mono=True,
