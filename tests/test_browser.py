@@ -60,6 +60,12 @@ OVERFLOW_JS = r"""(vw) => {
     }
   };
   walk(document.body);
+  // a widget draws inside its column: nothing of it spills into the margin beside it
+  for (const w of document.querySelectorAll('.tfw')) {
+    if (w.scrollWidth > w.clientWidth + 1) {
+      found.push(`widget ${path(w)} draws ${w.scrollWidth} px in its ${w.clientWidth} px box`);
+    }
+  }
   return {width: document.documentElement.scrollWidth, found};
 }"""
 
