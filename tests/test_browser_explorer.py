@@ -50,6 +50,13 @@ def sentence_of(tokenizer: BPETokenizer, n_tokens: int) -> str:
     raise AssertionError("no text of that many tokens")
 
 
+def first_draw(root) -> float:
+    """Milliseconds from the widget's render to its first complete drawing (in the page)."""
+    root.page.wait_for_function("(r) => r.explorerTimes && r.explorerTimes.firstDraw !== null",
+                                arg=root.element_handle())
+    return root.evaluate("(r) => r.explorerTimes.firstDraw")
+
+
 def check_parity(run: dict, widget: ModelExplorer, text: str) -> None:
     """Every tensor of the page's run equals the hooks' within 1e-5 (attention weights 2e-6)."""
     ids, dropped = widget.ids(text)
@@ -71,11 +78,14 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
     widget = ModelExplorer.from_page_model(model, tokenizer, "The function returns the value",
                                            dtype="float32", box="blocks.0.attn.weights")
     with static_widget(browser, widget, ASSETS, tmp_path) as (page, root, log):
-        requests = []
+        first_draws = [first_draw(root)]
+        for _ in range(2):  # the median of three renders: one slow moment of a loaded machine
+            page.reload()
+            root = page.locator(".tfw").first
+            root.wait_for(timeout=30000)
+            first_draws.append(first_draw(root))
+        requests = []  # from here on, while the model runs: there should be none
         page.on("request", lambda request: requests.append(request.url))
-        page.wait_for_function("(r) => r.explorerTimes && r.explorerTimes.firstDraw !== null",
-                               arg=root.element_handle())
-        times = root.evaluate("(r) => r.explorerTimes")
         state_bytes = page.evaluate(STATE_BYTES_JS)
         check_parity(root.evaluate(RUN_JS), widget, "The function returns the value")
         box = root.locator("input[type=text]")
@@ -136,7 +146,8 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
         assert root.locator(".tfw-strip span.tfw-hot").get_attribute("data-index") == "5"
         assert root.locator("polyline.tfw-hot-line").get_attribute("data-index") == "5"
         assert root.locator(".tfw-row-mark").is_visible()
-        times = {**root.evaluate("(r) => r.explorerTimes"), "firstDraw": times["firstDraw"]}
+        times = {**root.evaluate("(r) => r.explorerTimes"),
+                 "firstDraw": statistics.median(first_draws)}
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.set_viewport_size({"width": 1280, "height": 900})
         page.screenshot(path=SCREENSHOTS / "explorer_1280.png", full_page=True)
@@ -151,7 +162,8 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
     assert wide <= 390, f"the page scrolls sideways at 390 px: {wide} px wide"
     typing = statistics.median(times["typing"][-4:])
     click = statistics.median(times["clicks"])
-    report = {"first_draw_ms": times["firstDraw"], "click_ms_median": click,
+    report = {"first_draw_ms": times["firstDraw"], "first_draws": first_draws,
+              "click_ms_median": click,
               "click_ms_max": max(times["clicks"]), "typing_64_ms_median": typing,
               "state_bytes": state_bytes}
     (tmp_path / "times.json").write_text(json.dumps(report))
