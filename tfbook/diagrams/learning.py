@@ -285,10 +285,10 @@ def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> 
     y = heading(t, "Tensor parallelism: one FFN split", 0, 0, "middle")
     top = draw(t, Node("x, the same on every rank", None, kind="data", note="(B, T, C)"), 0, y)
     y = top.bottom + GAP
-    nodes = [[Node(f"rank {r}: W_1 rows", (part, w1[1]), ("F/p", "C"), "ffn", f"w1.{r}",
-                   note=f"units {r * part}–{(r + 1) * part - 1}"),
-              Node(f"rank {r}: W_2 columns", (w2[0], part), ("C", "F/p"), "ffn", f"w2.{r}",
-                   note="a partial output")] for r in range(ranks)]
+    nodes = [[Node(f"rank {r}: fc_in rows", (part, w1[1]), ("F/p", "C"), "ffn", f"w1.{r}",
+                   note=f"W_1's columns: units {r * part}–{(r + 1) * part - 1}"),
+              Node(f"rank {r}: fc_out columns", (w2[0], part), ("C", "F/p"), "ffn", f"w2.{r}",
+                   note="W_2's rows: a partial output")] for r in range(ranks)]
     width = max(n.width for col in nodes for n in col)
     xs = [(r - (ranks - 1) / 2) * (width + 14) for r in range(ranks)]
     ends = []
@@ -301,8 +301,8 @@ def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> 
     span = max(xs[-1] - xs[0] + width, text_width("all-reduce: sum the partial outputs", FONT) + 24)
     t.box(-span / 2, y, span, 30, "stream")
     t.text(0, y + 20, "all-reduce: sum the partial outputs", FONT, bold=True)
-    note(t, 0, y + 50, f"W_1 {w1} by rows, W_2 {w2} by columns", mono=False, anchor="middle",
-         key="ffn_weights", shape=w1 + w2)
+    note(t, 0, y + 50, f"fc_in.weight {w1} split by rows, fc_out.weight {w2} by columns",
+         anchor="middle", key="ffn_weights", shape=w1 + w2)
     # pipeline parallelism
     n = len(blocks)
     bounds = [round(s * n / ranks) for s in range(ranks + 1)]
