@@ -12,6 +12,7 @@ import torch
 
 from tests.browser import static_widget
 from tests.conftest import ASSETS, BUILD, ROOT
+from tests.test_lab import lab  # noqa: F401 (the JupyterLab fixture)
 from tfbook.models.gpt import GPT
 from tfbook.models.llama import tiny_llama
 from tfbook.tokenizers.bpe import BPETokenizer
@@ -204,3 +205,34 @@ def test_python_fed_llama_static_page(browser, tmp_path: Path) -> None:
         assert root.locator("input[type=text]").is_disabled()
         assert root.locator("img").count() == 0
     assert not log.dialogs and not (log.page_errors or log.console_errors), log
+
+
+def test_live_in_jupyterlab_python_answers_clicks_and_text(browser, lab) -> None:
+    """JupyterLab runs the chapter: the SmolLM2 explorer (fed by Python) asks the kernel for
+    a box that the page does not hold, and for a new sentence, and draws Python's answers."""
+    from tests.test_lab import KERNEL_IDLE, KERNEL_MS, LIVE_MS, RUN_MS
+
+    lab_url, _ = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(lab_url + "lab/tree/architectures/model_explorer.md?reset")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=KERNEL_MS)
+    page.wait_for_function(KERNEL_IDLE, timeout=KERNEL_MS)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.wait_for_function("document.querySelectorAll('.tfw-explorer').length >= 2",
+                           timeout=RUN_MS)
+    widget = page.locator(".tfw-explorer").nth(1)  # SmolLM2's
+    widget.scroll_into_view_if_needed()
+    box = widget.locator("input[type=text]")
+    page.wait_for_function("(b) => !b.disabled", arg=box.element_handle(), timeout=LIVE_MS)
+    widget.locator('g.tfw-box[data-key="blocks.29.ff.hidden"]').click()
+    page.wait_for_function("(r) => r.explorerShown && r.explorerShown.key === "
+                           "'blocks.29.ff.hidden'", arg=widget.element_handle(), timeout=LIVE_MS)
+    shown = widget.evaluate("(r) => [r.explorerShown.rows, r.explorerShown.cols]")
+    assert shown[1] == 1536  # SmolLM2's F, from Python's hook
+    box.fill("<b>Hello</b> world")
+    box.press("Enter")
+    page.wait_for_function("(r) => r.explorerRun && r.explorerRun.tokens.join('') === "
+                           "'<b>Hello</b> world'", arg=widget.element_handle(), timeout=LIVE_MS)
+    assert widget.locator("b").count() == 0  # the text stayed text
+    page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
+    page.close()
