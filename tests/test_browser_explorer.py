@@ -207,7 +207,7 @@ def test_python_fed_llama_static_page(browser, tmp_path: Path) -> None:
     assert not log.dialogs and not (log.page_errors or log.console_errors), log
 
 
-def test_live_in_jupyterlab_python_answers_clicks_and_text(browser, lab) -> None:
+def test_live_in_jupyterlab_python_answers_clicks_and_text(browser, lab) -> None:  # noqa: F811
     """JupyterLab runs the chapter: the SmolLM2 explorer (fed by Python) asks the kernel for
     a box that the page does not hold, and for a new sentence, and draws Python's answers."""
     from tests.test_lab import KERNEL_IDLE, KERNEL_MS, LIVE_MS, RUN_MS

@@ -8,7 +8,6 @@ import json
 from dataclasses import replace
 
 import numpy as np
-
 import pytest
 import torch
 
@@ -25,7 +24,7 @@ from tfbook.widgets.explorer import (
     top_next_tokens,
     trace_decoder,
 )
-from tfbook.widgets.page_model import payload_json, export_page_model
+from tfbook.widgets.page_model import export_page_model, payload_json
 
 HOSTILE = '<img src=x onerror=alert(1)> </script><!--<script> "%3C" 100%'
 BYTES = BPETokenizer({})  # plain bytes: 256 ids
@@ -41,9 +40,9 @@ def llama() -> GPT:
     return GPT(tiny_llama()).eval()
 
 
-def expected_shape(box: dict, trace_shape: tuple[int, ...], n: dict[str, int], T: int):
-    dims = tuple(T if d == "T" else n[d] for d in box["shape"])
-    return dims
+def label_shape(box: dict, n: dict[str, int], T: int) -> tuple[int, ...]:
+    """The sizes a box's shape label names, for T tokens."""
+    return tuple(T if d == "T" else n[d] for d in box["shape"])
 
 
 @pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
@@ -56,7 +55,7 @@ def test_hooks_take_every_boxs_tensor(make) -> None:
     assert set(trace) == {b["key"] for b in layout["boxes"]}
     for box in layout["boxes"]:  # every shape label of the diagram is the traced tensor's
         shape = tuple(trace[box["key"]].shape)
-        dims = expected_shape(box, shape, n, T)
+        dims = label_shape(box, n, T)
         if box["kind"] == "head":  # one head's slice of (T, H D) or (T, H_kv D)
             heads = n["H"] if box["key"].endswith(".q") else n["H_kv"]
             assert shape == (T, heads * n["D"]) and dims == (T, n["D"]), box
@@ -80,7 +79,8 @@ def test_hooks_take_every_boxs_tensor(make) -> None:
         assert torch.equal(trace["blocks.0.resid1"], trace["embed"] + trace["blocks.0.attn"])
         assert torch.equal(trace["blocks.0.norm2"], block.norm2(trace["blocks.0.resid1"]))
         assert torch.equal(trace["blocks.0.ff"], block.ff.fc_out(trace["blocks.0.ff.hidden"]))
-        assert torch.equal(trace["blocks.0.resid2"], trace["blocks.0.resid1"] + trace["blocks.0.ff"])
+        assert torch.equal(trace["blocks.0.resid2"],
+                           trace["blocks.0.resid1"] + trace["blocks.0.ff"])
         assert torch.equal(trace["blocks.1.norm1"], model.blocks[1].norm1(trace["blocks.0.resid2"]))
         assert torch.equal(trace["norm_f"], model.norm_f(trace["blocks.1.resid2"]))
     w = trace["blocks.1.attn.weights"]  # causal rows of probabilities
@@ -129,7 +129,7 @@ def test_layout_follows_the_config() -> None:
         rows.setdefault(b["y"], []).append((b["x"], b["x"] + b["w"]))
     for spans in rows.values():
         spans.sort()
-        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
 
 
 def test_python_fed_widget_sends_the_selected_box_and_hostile_text_stays_text() -> None:

@@ -27,7 +27,6 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import traitlets
 from torch import Tensor
@@ -119,10 +118,8 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
             previous = None
             for suffix, label, shape, kind in row:
                 key = f"blocks.{layer}.{suffix}"
-                if suffix == "attn.k" or suffix == "attn.v":
-                    shape = ("T", "D")
                 box(key, label, shape, kind, x, y, WIDTHS[kind], layer)
-                if previous and not (suffix in ("attn.k", "attn.v")):
+                if previous and suffix not in ("attn.k", "attn.v"):
                     edges.append([previous, key])
                 if suffix not in ("attn.q", "attn.k"):
                     previous = key
