@@ -128,7 +128,9 @@ def training_loop(model: nn.Module, batch: tuple[Tensor, Tensor], config: TrainC
              note="one number per parameter"),
         Node("clip the global norm", note=clip, kind="norm", key="clip"),
         Node(f"learning rate of step {step}: {config.lr_at(step):.3g}", kind="plain",
-             key="lr", note=f"warmup {config.warmup} steps to {peak}, then {decay}"),
+             key="lr", note=f"warmup {config.warmup} steps to {peak}, then {decay}" + (
+                 f" to {config.lr * config.min_lr_ratio:g}"
+                 if config.schedule in ("cosine", "linear") else "")),
         Node("AdamW step", kind="ffn", key="adamw",
              note=f"β = {config.betas[0]:g}, {config.betas[1]:g}; "
                   f"weight decay {config.weight_decay:g}"),
@@ -252,14 +254,15 @@ def _pipeline_schedule(stages: int, micro: int) -> list[list[str]]:
     """GPipe: grid[s][t] = "F3" (forward of micro-batch 3) / "B3" / "" (idle: the bubble).
 
     Stage s runs the forward of micro-batch k at time s + k; after the last forward leaves
-    the last stage, the backward passes run back up the pipeline in the same order.
+    the last stage, the backward passes run back up the pipeline, the last micro-batch first
+    (as in Huang et al.'s figure 2).
     """
     span = micro + stages - 1  # time slots of the forward (and of the backward) half
     grid = [[""] * (2 * span) for _ in range(stages)]
     for s in range(stages):
         for k in range(micro):
             grid[s][s + k] = f"F{k + 1}"
-            grid[s][span + (stages - 1 - s) + k] = f"B{k + 1}"
+            grid[s][span + (stages - 1 - s) + (micro - 1 - k)] = f"B{k + 1}"
     return grid
 
 

@@ -58,7 +58,7 @@ def rope_planes(D: int, positions: tuple[int, ...] = (0, 1, 2, 3),
     angles = rope_angles_drawn(D, positions, planes, float(base))
     r, cell_w, cell_h, label_w = 28.0, 92.0, 108.0, 104.0
     c = Canvas("RoPE: each plane turned by its position")
-    y = heading(c, f"RoPE, D = {D}: plane n at position t turned by t·θ_n", 0, 0)
+    y = heading(c, f"RoPE, D = {D}: plane n turned by t·θ_n", 0, 0)
     for j, t in enumerate(positions):
         c.text(label_w + (j + 0.5) * cell_w, y + 4, f"t = {t}", SMALL, bold=True,
                key=f"pos{j}", shape=(t,))

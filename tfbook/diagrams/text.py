@@ -112,7 +112,10 @@ def _pipeline_canvas(stages: list[Stage], title: str, width: float) -> Canvas:
         if k:
             c.arrow(10, y - 14, 10, y)
         c.text(0, y + FONT, stage.name, FONT, bold=True, anchor="start", key=f"{stage.name}")
-        note(c, text_width(stage.name, FONT) + 12, y + FONT, stage.note)
+        x_note = text_width(stage.name, FONT) + 12
+        if x_note + text_width(stage.note, SMALL) > width:  # no room beside: the next line
+            x_note, y = 0, y + FONT + 4
+        note(c, x_note, y + FONT, stage.note)
         y += FONT + 8
         if not stage.pieces:  # nothing new at this stage
             y += 10
@@ -139,7 +142,7 @@ def tokenizer_pipeline(tokenizer: WordPieceTokenizer | BPETokenizer, text: str,
 
 
 def pipelines_side_by_side(tokenizers: list[tuple[str, WordPieceTokenizer | BPETokenizer]],
-                           text: str, width: float = 330) -> Diagram:
+                           text: str, width: float = 300) -> Diagram:
     """Several tokenizers' pipelines on the same text, as panels that wrap on a narrow page."""
     if not (isinstance(tokenizers, list) and tokenizers and all(
             isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], str) for t in tokenizers)):
