@@ -98,8 +98,8 @@ function render({ model, el: element }) {
   const picker = el("select", { "aria-label": "example" });
   const layerSlider = slider({ label: "layer", min: 0, max: 0, value: 0, onInput: (v) => pick({ layer: v }) });
   const headSlider = slider({ label: "head", min: 0, max: 0, value: 0, onInput: (v) => pick({ head: v }) });
-  const big = el("canvas", { "aria-label": "attention map of the selected head" });
-  const overlay = el("canvas", { class: "tfw-overlay", "aria-hidden": "true" });
+  const big = el("canvas", { class: "tfw-fit", "aria-label": "attention map of the selected head" });
+  const overlay = el("canvas", { class: "tfw-overlay tfw-fit", "aria-hidden": "true" });
   const mapBox = el("div", { class: "tfw-mapbox" }, big, overlay);
   const grid = el("div", { class: "tfw-grid" });
   // the layers x heads grid shrinks its maps to the column; past CELL_MIN it scrolls
@@ -122,7 +122,7 @@ function render({ model, el: element }) {
     el("style", {}, `.tfw-gridbox { overflow-x: auto; }
       .tfw-grid { display: grid; gap: 3px; align-items: center; }
       .tfw-grid canvas { cursor: pointer; border: 2px solid transparent; width: 100%;
-        aspect-ratio: 1; height: auto; }
+        box-sizing: border-box; aspect-ratio: 1; height: auto; }
       .tfw-grid canvas.selected { border-color: #d62728; }
       .tfw-grid span { white-space: nowrap; }
       .tfw-mapbox { position: relative; display: inline-block; line-height: 0; max-width: 100%; }

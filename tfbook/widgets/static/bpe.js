@@ -25,7 +25,8 @@ function render({ model, el: element }) {
   const pick = slider({ label: "merges applied", min: 0, max: 1, value: 0, onInput: (v) => select(v) });
   const prev = el("button", { "aria-label": "previous merge" }, "◀ prev");
   const next = el("button", { "aria-label": "next merge" }, "next ▶");
-  const timeline = el("canvas", { "aria-label": "merge timeline: one row per merge, hover to pick it" });
+  const timeline = el("canvas", { class: "tfw-fit",
+                                   "aria-label": "merge timeline: one row per merge, hover to pick it" });
   const mergeBox = el("div", { class: "tfw-details" });
   const chartBox = el("div", {});
   const ratioBox = el("div", {});
@@ -114,7 +115,8 @@ function render({ model, el: element }) {
   function drawChart(top, winner) {
     const rowH = 18, width = 380, labelW = 150;
     const height = rowH * top.length + 4;
-    const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img" });
+    const chart = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "tfw-fit",
+                               role: "img" });
     const max = top[0][2];
     top.forEach(([a, b, count], r) => {
       const y = r * rowH + 2;

@@ -79,8 +79,8 @@ function slider({ label, min, max, step = 1, value, onInput }) {
  *  column); returns the <svg> node. */
 function linePlot(xs, ys, { width = 360, height = 160, marker = null, yLabel = "", xLabel = "" } = {}) {
   const pad = { l: 40, r: 10, t: yLabel ? 20 : 10, b: 28 };
-  const plot = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "tfw-plot",
-                            role: "img" });
+  const plot = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`,
+                            class: "tfw-plot tfw-fit", role: "img" });
   const xmin = Math.min(...xs), xmax = Math.max(...xs);
   const ymin = Math.min(...ys), ymax = Math.max(...ys);
   const sx = (x) => pad.l + ((x - xmin) / (xmax - xmin || 1)) * (width - pad.l - pad.r);
@@ -198,10 +198,11 @@ function request(model, args) {
   if (sendToPython(model, { type: "request", args })) setPythonState(model, "busy");
 }
 
-// Every widget fits a phone's column (390 px wide screen): rows wrap, text wraps, and a
-// canvas, a fitted SVG (one with a viewBox), a text box or a menu shrinks to the column
-// (keeping its proportions) instead of widening the page. The widget keeps its light
-// colours in the theme's dark mode (color-scheme: its controls are drawn light too).
+// Every widget fits a phone's column (390 px wide screen): rows wrap, text wraps, a text box
+// or a menu shrinks to the column, and so does a canvas or an SVG (with a viewBox) of class
+// tfw-fit, keeping its proportions (mouse positions are read relative to its drawn size),
+// instead of widening the page. The widget keeps its light colours in the theme's dark mode
+// (which puts widgets on a light box; color-scheme: the controls are drawn light too).
 const TFW_STYLE = `
 .tfw { font: 13px/1.4 system-ui, sans-serif; color: #222; color-scheme: light;
   max-width: 100%; overflow-wrap: anywhere; }
@@ -211,9 +212,9 @@ const TFW_STYLE = `
 .tfw-value { display: inline-block; min-width: 3em; font-family: monospace; }
 .tfw-note { color: #666; font-size: 12px; }
 .tfw-token { font-family: monospace; white-space: pre; padding: 0 2px; border-radius: 3px; }
-.tfw canvas { image-rendering: pixelated; border: 1px solid #ccc; cursor: crosshair;
-  box-sizing: border-box; max-width: 100%; height: auto; }
-.tfw svg[viewBox] { max-width: 100%; height: auto; }
+.tfw canvas { image-rendering: pixelated; border: 1px solid #ccc; cursor: crosshair; }
+.tfw canvas.tfw-fit { box-sizing: border-box; max-width: 100%; height: auto; }
+.tfw svg.tfw-fit { max-width: 100%; height: auto; }
 .tfw select, .tfw textarea, .tfw input[type=text] { max-width: 100%; box-sizing: border-box; }
 .tfw button { font: inherit; padding: 1px 8px; }
 .tfw input[type=number] { width: 5em; }

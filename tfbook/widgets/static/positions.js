@@ -5,7 +5,7 @@
 function render({ model, el: element }) {
   const node = root(element, "tfw-positions");
   const title = el("div", {}, "");
-  const canvas = el("canvas", { "aria-label": "positional encoding heatmap" });
+  const canvas = el("canvas", { class: "tfw-fit", "aria-label": "positional encoding heatmap" });
   const plotBox = el("div", {});
   const vectorBox = el("div", {});
   const pick = slider({ label: "position p", min: 0, max: 1, value: 0, onInput: (v) => select(v) });
@@ -66,7 +66,7 @@ function render({ model, el: element }) {
       marker: p, xLabel: "position j", yLabel: "PE[p]·PE[j]" }));
 
     // the vector at p, as a strip of colours
-    const strip = svg("svg", { width: 360, height: 24, viewBox: "0 0 360 24" });
+    const strip = svg("svg", { width: 360, height: 24, viewBox: "0 0 360 24", class: "tfw-fit" });
     const w = 360 / C;
     table[p].forEach((v, c) => strip.append(svg("rect", {
       x: c * w, y: 0, width: w, height: 24, fill: divergingColor(v, 1) })));

@@ -31,7 +31,7 @@ function render({ model, el: element }) {
   const both = el("button", {}, "move both +1");
   const planes = el("div", { class: "tfw-row", style: "gap:4px" });
   const scoreBox = el("div", {});
-  const canvas = el("canvas", { "aria-label": "each plane's term of the score" });
+  const canvas = el("canvas", { class: "tfw-fit", "aria-label": "each plane's term of the score" });
   const planeNote = el("div", { class: "tfw-note" }, "");
   const sizeInput = el("input", { type: "number", min: 2, max: 64, step: 2, "aria-label": "head size D" });
   const baseInput = el("input", { type: "number", min: 2, step: 1, "aria-label": "base" });
@@ -116,7 +116,7 @@ function render({ model, el: element }) {
     const lo = Math.min(...scores, ...terms), hi = Math.max(...scores, ...terms);
     const sx = (x) => pad.l + ((x - offsets[0]) / (offsets[offsets.length - 1] - offsets[0])) * (width - pad.l - pad.r);
     const sy = (y) => height - pad.b - ((y - lo) / (hi - lo || 1)) * (height - pad.t - pad.b);
-    const plot = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "tfw-plot",
+    const plot = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "tfw-plot tfw-fit",
                               role: "img", style: "cursor:crosshair" });
     plot.append(svg("rect", { x: pad.l, y: pad.t, width: width - pad.l - pad.r,
                               height: height - pad.t - pad.b, fill: "#fafafa", stroke: "#ccc" }));
