@@ -51,10 +51,6 @@ const EXPLORER_STYLE = `
 .tfw-explorer .tfw-norms polyline.tfw-hot-line { stroke: #d62728; stroke-width: 2.5; }
 .tfw-explorer .tfw-norms text { fill: currentColor; font-size: 11px; }
 .tfw-explorer input[type=text] { width: min(36em, 90%); font: inherit; }
-html[data-theme="dark"] .tfw-explorer { color: #ddd; }
-html[data-theme="dark"] .tfw-explorer .tfw-note { color: #aaa; }
-html[data-theme="dark"] .tfw-explorer .tfw-box circle { fill: #ddd; }
-html[data-theme="dark"] .tfw-explorer canvas { border-color: #555; }
 `;
 
 const ROW_PX = 12;  // one token's row in the heatmap, and its label
