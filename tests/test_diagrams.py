@@ -319,3 +319,22 @@ def test_docstring_examples(module: str) -> None:
 
     result = doctest.testmod(importlib.import_module(f"tfbook.diagrams.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_trace_follows_a_decode_step_through_the_cache():
+    """On a cached decode step the weights span every stored key: k and v are drawn so."""
+    from tfbook.diagrams import trace
+    from tfbook.models.gpt import GPT
+    from tfbook.models.llama import tiny_llama
+
+    torch.manual_seed(0)
+    model = GPT(tiny_llama()).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (1, 5))
+    cache = model.new_cache(6)
+    trace(model, prompt, cache=cache)
+    tr = trace(model, prompt[:, -1:], cache=cache)  # one new token against 6 cached keys
+    at = tr.attention(tr.names("MultiHeadAttention")[0])
+    B, H, T, S = at.weights
+    assert (T, S) == (1, 6) and at.q[2] == 1
+    assert at.k[2] == at.v[2] == 6 and at.k[1] == model.config.n_kv_heads
+    assert at.heads == (B, H, 1, at.q[3])

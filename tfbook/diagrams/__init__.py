@@ -16,6 +16,11 @@ How to draw a diagram (the API later chapters use):
   `blocks_side_by_side((tr, name), (tr, name))`, `ffn(tr, name)`,
   `ffns_side_by_side(...)`, `decoder_stack(tr, inputs, targets)`, `encoder_stack(tr)`,
   `encoder_decoder(tr)`, `families(enc_tr, dec_tr, encdec_tr)`.
+- Figures of Parts I, IV and V live in their own modules (also exported here):
+  `text.tokenizer_pipeline`, `text.pipelines_side_by_side`, `text.pipeline_stages`;
+  `positions.rope_planes`, `positions.rope_angles_drawn`; `generation.kv_cache`,
+  `generation.trace_cache`; `learning.lora_layer`, `learning.training_loop`,
+  `learning.ring_steps`, `learning.data_parallel`, `learning.model_parallel`.
 - A `Diagram` has `.svg` (the SVG string), `.labels` (every text, as `Label(text, key,
   shape)`), `.shape_labels` ({key: text} of the traced shapes); it displays as inline SVG
   whose text and lines take the page's colour (`currentColor`), so it follows a dark theme.
@@ -41,8 +46,18 @@ from tfbook.diagrams.figures import (
     head_split,
     masks,
 )
+from tfbook.diagrams.generation import kv_cache, trace_cache
 from tfbook.diagrams.layout import Node, Rect, column, draw, hstack, row, shape_label
+from tfbook.diagrams.learning import (
+    data_parallel,
+    lora_layer,
+    model_parallel,
+    ring_steps,
+    training_loop,
+)
+from tfbook.diagrams.positions import rope_angles_drawn, rope_planes
 from tfbook.diagrams.svg import Canvas, Label, escape
+from tfbook.diagrams.text import pipeline_stages, pipelines_side_by_side, tokenizer_pipeline
 from tfbook.diagrams.trace import AttentionTrace, Trace, trace, trace_attention
 
 __all__ = [
@@ -50,4 +65,7 @@ __all__ = [
     "block", "blocks_side_by_side", "column", "cross_attention", "decoder_stack", "draw",
     "encoder_decoder", "encoder_stack", "escape", "families", "ffn", "ffns_side_by_side",
     "head_split", "hstack", "masks", "row", "shape_label", "trace", "trace_attention",
+    "kv_cache", "trace_cache", "data_parallel", "lora_layer", "model_parallel", "ring_steps",
+    "training_loop", "rope_angles_drawn", "rope_planes", "pipeline_stages",
+    "pipelines_side_by_side", "tokenizer_pipeline",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tfbook.attention import MultiHeadAttention, repeat_kv, scaled_dot_product_attention
+from tfbook.attention import MultiHeadAttention, scaled_dot_product_attention
 
 Shape = tuple[int, ...]
 
@@ -144,12 +144,16 @@ def _attention_hooks(name: str, module: MultiHeadAttention, tr: Trace) -> list[A
         mask = args[2] if len(args) > 2 else kwargs.get("mask")
         causal = args[3] if len(args) > 3 else kwargs.get("causal", False)
         q, k, v = seen[0], seen[1], seen[2]
-        weights = output[1]
-        heads = weights @ repeat_kv(v, module.n_heads // module.n_kv_heads)  # (B, H, T, D)
+        weights = output[1]  # (B, H, T, S): S counts the cached keys too on a decode step
+        n_keys = weights.shape[-1]
+        # the keys and values attended to: this step's, or the cache's after this step's append
+        k_shape = (*k.shape[:2], n_keys, k.shape[-1])  # (B, H_kv, S, D)
+        v_shape = (*v.shape[:2], n_keys, v.shape[-1])  # (B, H_kv, S, D)
+        heads = (*q.shape[:3], v.shape[-1])  # weights @ V per head: (B, H, T, D)
         tr.attentions.setdefault(name, []).append(AttentionTrace(
             x=tuple(x.shape), source=None if source is None else tuple(source.shape),
-            q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape),
-            weights=tuple(weights.shape), heads=tuple(heads.shape),
+            q=tuple(q.shape), k=k_shape, v=v_shape,
+            weights=tuple(weights.shape), heads=heads,
             merged=tr.calls[f"{name}.out_proj" if name else "out_proj"][-1].inputs[0],
             out=tuple(output[0].shape), n_heads=module.n_heads, n_kv_heads=module.n_kv_heads,
             head_size=module.head_size, masked=mask is not None or bool(causal)))
