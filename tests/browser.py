@@ -155,10 +155,13 @@ def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -
     manager, anywidget), from `assets` copied next to it. The state and the view are escaped
     exactly as in the built book: the state by the book's extension, the view by myst-nb.
     """
-    from ipywidgets.embed import embed_data
+    from ipywidgets.embed import dependency_state, embed_data
     from myst_nb.core.render import sanitize_script_content
 
-    data = embed_data(views=[widget], drop_defaults=False)
+    # only this widget and the widgets it refers to: by default ipywidgets embeds every widget
+    # the process has made, so the page (and its measured size) would depend on earlier tests
+    data = embed_data(views=[widget], drop_defaults=False,
+                      state=dependency_state([widget], drop_defaults=False))
     if not (folder / "assets").exists():
         shutil.copytree(assets, folder / "assets")
     state = site_extension().escape_widget_state(data["manager_state"])
