@@ -156,7 +156,7 @@ def test_model_parallel_splits_the_real_weights() -> None:
             assert numbers(labels[f"tensor.w1.{r}"]) == (F // ranks, C)
             assert numbers(labels[f"tensor.w2.{r}"]) == (C, F // ranks)
         stages = [lb.shape for lb in d.labels if lb.key.startswith("pipeline.stage")]
-        assert stages[0][0] == 1 and stages[-1][1] == 4  # every block, in order, once
+        assert stages[0][0] == 0 and stages[-1][1] == 3  # every block (from 0), in order, once
         assert all(b[0] == a[1] + 1 for a, b in zip(stages, stages[1:], strict=False))
         idle, total = next(lb.shape for lb in d.labels if lb.key == "pipeline.bubble")
         # GPipe: each stage waits (ranks - 1) slots before its forwards and after its backwards

@@ -128,7 +128,7 @@ def _step_canvas(step: CacheStep, title: str, first: bool) -> Canvas:
     y = heading(c, title, 0, 0, anchor="middle")
     what = "the whole prompt" if first else "only the new token"
     nodes = [Node("token ids", step.ids, ("B", "T"), key="ids", note=what),
-             Node("queries Q (layer 1)", at.q, QUERY, "attn", "q"),
+             Node("queries Q (block 0)", at.q, QUERY, "attn", "q"),
              Node("new keys and values", at.k, NEW_KV, "attn", "k",
                   note="computed once, then stored"),
              Node("cache after the pass", step.stored, STORED, "stream", "stored",

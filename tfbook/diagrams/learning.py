@@ -312,12 +312,12 @@ def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> 
     grid = _pipeline_schedule(ranks, micro_batches)
     p = Canvas("Pipeline parallelism")
     cell = 30.0
-    label_w = max(text_width(f"stage {s}: blocks {bounds[s] + 1}–{bounds[s + 1]}", SMALL)
+    label_w = max(text_width(f"stage {s}: blocks {bounds[s]}–{bounds[s + 1] - 1}", SMALL)
                   for s in range(ranks)) + 10
     y = heading(p, "Pipeline parallelism (GPipe)", label_w + len(grid[0]) * cell / 2, 0,
                 "middle")
     for s, line in enumerate(grid):
-        first, last = bounds[s] + 1, bounds[s + 1]
+        first, last = bounds[s], bounds[s + 1] - 1  # blocks counted from 0, as the ranks
         blocks_text = f"block {first}" if first == last else f"blocks {first}–{last}"
         p.text(label_w - 8, y + s * cell + cell / 2 + 5, f"stage {s}: {blocks_text}", SMALL,
                anchor="end", key=f"stage{s}", shape=(first, last))
