@@ -38,6 +38,21 @@ def page_text(text: str) -> str:
     return text.replace("%", "%25").replace("<", "%3C")
 
 
+def check_typed(value: object, name: str, limit: int, empty: str, widget: str) -> str:
+    """A reader's typed text: a str with something besides spaces, at most `limit` characters.
+
+    `empty` is the message for a blank box; `widget` names the widget in the length message.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}: {value!r:.60}")
+    if not value.strip():
+        raise ValueError(empty)
+    if len(value) > limit:
+        raise ValueError(f"the {name} has {len(value):,} characters; {widget} takes at most "
+                         f"{limit:,}")
+    return value
+
+
 def _text_to_page(text: str, _widget: Any) -> str:
     return page_text(text)
 

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.base import Tokenizer
-from tfbook.widgets.base import Widget, _text_to_page, bundle, page_text
+from tfbook.widgets.base import Widget, _text_to_page, bundle, check_typed, page_text
 from tfbook.widgets.page_model import (
     check_dtype,
     gpt_js_script_safe,
@@ -233,14 +233,9 @@ def cut_note(n_tokens: int, max_len: int) -> str:
 
 def check_text(text: object) -> str:
     """The reader's sentence: a str with something besides spaces, at most MAX_TEXT_CHARS."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}: {text!r:.60}")
-    if not text.strip():
-        raise ValueError("the text box is empty: type a sentence to run the model on")
-    if len(text) > MAX_TEXT_CHARS:
-        raise ValueError(f"the text has {len(text):,} characters; the explorer takes at most "
-                         f"{MAX_TEXT_CHARS:,}")
-    return text
+    return check_typed(text, "text", MAX_TEXT_CHARS,
+                       "the text box is empty: type a sentence to run the model on",
+                       "the explorer")
 
 
 def _strings_to_page(strings: Any, _widget: Any) -> Any:

@@ -45,7 +45,15 @@ import traitlets
 from tfbook.generate.sampling import filter_logits
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
-from tfbook.widgets.base import STATIC, Widget, _text_to_page, bundle, page_text, rounded
+from tfbook.widgets.base import (
+    STATIC,
+    Widget,
+    _text_to_page,
+    bundle,
+    check_typed,
+    page_text,
+    rounded,
+)
 from tfbook.widgets.page_model import (
     check_dtype,
     gpt_js_script_safe,
@@ -483,14 +491,8 @@ class SamplingWidget(Widget):
 
 def _check_prompt(prompt: object) -> str:
     """The typed prompt: a str with something besides spaces, at most MAX_PROMPT_CHARS."""
-    if not isinstance(prompt, str):
-        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}: {prompt!r:.60}")
-    if not prompt.strip():
-        raise ValueError("the prompt is empty: type a few words to continue")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"the prompt has {len(prompt):,} characters; the widget takes at most "
-                         f"{MAX_PROMPT_CHARS:,}")
-    return prompt
+    return check_typed(prompt, "prompt", MAX_PROMPT_CHARS,
+                       "the prompt is empty: type a few words to continue", "the widget")
 
 
 def taken_settings(generate_fn: Callable[..., Generation]) -> list[str]:
