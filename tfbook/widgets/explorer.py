@@ -64,7 +64,7 @@ BOX_HEIGHT = 34
 ROW_GAP = 14
 STREAM_X = 16  # the residual stream: a vertical line the sub-layers add to
 GAP = 6  # between boxes (2 between q, k and v: one group)
-WIDTHS = {"norm": 50, "head": 56, "weights": 56, "linear": 66, "hidden": 100}
+WIDTHS = {"norm": 50, "head": 40, "weights": 56, "linear": 66, "hidden": 100}
 
 
 def _check_decoder(model: object) -> GPT:
