@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import re
-import xml.etree.ElementTree as ET
 from dataclasses import replace
 
 import pytest
 import torch
 
+from tests.diagram_helpers import numbers, svg_texts
 from tfbook.diagrams.generation import kv_cache, trace_cache
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import tiny_llama
-
-SVG = "{http://www.w3.org/2000/svg}"
-
-
-def svg_texts(svg: str) -> list[str]:
-    return [el.text or "" for el in ET.fromstring(svg).iter(f"{SVG}text")]
-
-
-def numbers(label: str) -> tuple[int, ...]:
-    """(B, T, C) = (1, 9, 64) -> (1, 9, 64)."""
-    match = re.fullmatch(r"\(([^)]*)\) = \(([^)]*)\)", label)
-    assert match, label
-    return tuple(int(s) for s in match.group(2).rstrip(",").split(", "))
 
 
 def model(**changes: object) -> GPT:

@@ -3,14 +3,13 @@ every label read from the real objects."""
 
 from __future__ import annotations
 
-import re
-import xml.etree.ElementTree as ET
 from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
+from tests.diagram_helpers import numbers, svg_texts
 from tfbook.diagrams.learning import (
     data_parallel,
     lora_layer,
@@ -21,18 +20,6 @@ from tfbook.diagrams.learning import (
 from tfbook.lora import LoRALinear
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.train.loop import TrainConfig
-
-SVG = "{http://www.w3.org/2000/svg}"
-
-
-def svg_texts(svg: str) -> list[str]:
-    return [el.text or "" for el in ET.fromstring(svg).iter(f"{SVG}text")]
-
-
-def numbers(label: str) -> tuple[int, ...]:
-    match = re.fullmatch(r"\(([^)]*)\) = \(([^)]*)\)", label)
-    assert match, label
-    return tuple(int(s) for s in match.group(2).rstrip(",").split(", "))
 
 
 def all_labels_drawn(d) -> None:

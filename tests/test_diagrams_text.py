@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import xml.etree.ElementTree as ET
 
 import pytest
 
+from tests.diagram_helpers import svg_texts
 from tfbook.diagrams.text import pipeline_stages, pipelines_side_by_side, tokenizer_pipeline, wrap
 from tfbook.tokenizers import BPETokenizer
 from tfbook.tokenizers import load_gpt2 as _load_gpt2
@@ -16,13 +16,8 @@ from tfbook.tokenizers.wordpiece import WordPieceTokenizer
 
 load_gpt2 = functools.cache(_load_gpt2)  # read once for all tests
 load_minilm_wordpiece = functools.cache(_load_wordpiece)
-SVG = "{http://www.w3.org/2000/svg}"
 TEXT = "Café, naïve RÉSUMÉ; Łódź!"
 
-
-def svg_texts(svg: str) -> list[str]:
-    """Every <text> of the SVG, parsed as XML (so the escaping must be right)."""
-    return [el.text or "" for el in ET.fromstring(svg).iter(f"{SVG}text")]
 
 
 def chip_labels(diagram, stage: str) -> list[str]:

@@ -1,0 +1,18 @@
+"""Helpers the diagram tests share: the SVG's texts and the sizes of a shape label."""
+
+import re
+import xml.etree.ElementTree as ET
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def svg_texts(svg: str) -> list[str]:
+    """Every <text> of the SVG, parsed as XML (so the escaping must be right)."""
+    return [el.text or "" for el in ET.fromstring(svg).iter(f"{SVG}text")]
+
+
+def numbers(label: str) -> tuple[int, ...]:
+    """(B, T, C) = (1, 9, 64) -> (1, 9, 64)."""
+    match = re.fullmatch(r"\(([^)]*)\) = \(([^)]*)\)", label)
+    assert match, label
+    return tuple(int(s) for s in match.group(2).rstrip(",").split(", "))
