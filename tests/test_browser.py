@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -11,6 +12,11 @@ from tests.browser import WIDGET_SNAPSHOT_JS, serve, wait_for_new_snapshot, watc
 from tests.conftest import BUILD, TOC
 
 SCREENSHOTS = BUILD / "screenshots"
+# Full-page screenshots (to look at) are taken when working on built pages
+# (TFBOOK_REUSE_BUILD=1) or when asked for (TFBOOK_SCREENSHOTS=1), and of every page whose
+# check fails; a plain run of the whole suite skips the rest (a few seconds a page).
+WANT_SCREENSHOTS = any(os.environ.get(name) == "1"
+                       for name in ("TFBOOK_SCREENSHOTS", "TFBOOK_REUSE_BUILD"))
 PHONE = {"width": 390, "height": 844}  # a phone held upright (CSS pixels)
 DESKTOP = {"width": 1280, "height": 900}
 
@@ -152,6 +158,13 @@ def interact_and_check(page, root, name: str) -> None:
         assert wait_for_new_snapshot(root, first) != before, f"{name}: the mouse changed nothing"
 
 
+def screenshot(page, page_path: str, suffix: str) -> None:
+    """The whole page as a PNG in _build/screenshots, named after the page."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + suffix),
+                    full_page=True)
+
+
 @pytest.mark.parametrize("page_path", built_pages())
 def test_page_offline_typeset_and_interactive(browser, site: str, book_html: Path,
                                               page_path: str) -> None:
@@ -181,9 +194,8 @@ def test_page_offline_typeset_and_interactive(browser, site: str, book_html: Pat
             root.scroll_into_view_if_needed()
             interact_and_check(page, root, f"{page_path} widget {i}")
 
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + ".png"),
-                    full_page=True)
+    if WANT_SCREENSHOTS:
+        screenshot(page, page_path, ".png")
     page.close()
     assert not log.foreign_requests, f"{page_path} asked other hosts: {log.foreign_requests}"
     assert not log.page_errors, f"{page_path} raised in JavaScript: {log.page_errors}"
@@ -198,11 +210,13 @@ def test_page_fits_a_phone(browser, site: str, book_html: Path, page_path: str) 
     log = watch(page, site)
     source = open_page(page, site, book_html, page_path)
     wait_until_drawn(page, source)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + "@390.png"),
-                    full_page=True)
     try:
         assert_fits(page, page_path, PHONE)
+    except AssertionError:
+        screenshot(page, page_path, "@390.png")  # to see what sticks out
+        raise
     finally:
+        if WANT_SCREENSHOTS:
+            screenshot(page, page_path, "@390.png")
         page.close()
     assert not log.page_errors, f"{page_path} raised in JavaScript: {log.page_errors}"
