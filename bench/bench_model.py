@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
 from tfbook.attention import scaled_dot_product_attention  # noqa: E402
+from tfbook.checkpoints.minilm import load_minilm, minilm_dir, sentence_embeddings  # noqa: E402
 from tfbook.masks import causal_mask  # noqa: E402
 from tfbook.models.gpt import GPT, GPTConfig  # noqa: E402
-from tfbook.models.minilm import load_minilm, minilm_dir, sentence_embeddings  # noqa: E402
 from tfbook.torch_reference import copy_encoder_layer  # noqa: E402
 from tfbook.train.loop import TrainConfig, train  # noqa: E402
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tfbook.checkpoints.minilm import load_hf_bert, load_minilm, minilm_dir, sentence_embeddings
 from tfbook.models.bert import BertConfig
-from tfbook.models.minilm import load_hf_bert, load_minilm, minilm_dir, sentence_embeddings
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers", reason="needs transformers for reference")
@@ -129,3 +129,23 @@ def test_a_missing_or_damaged_folder_is_refused_by_name(tmp_path):
         load_minilm(tmp_path)
     with pytest.raises(TypeError, match=r"model_dir must be a str, a Path or None, got int"):
         load_minilm(7)  # type: ignore[arg-type]
+
+
+def test_models_never_import_checkpoints():
+    """The arrows point one way: checkpoints/ builds models/ (the MiniLM loader lives in
+    checkpoints/minilm.py), and no module of models/ imports checkpoints/."""
+    import ast
+    from pathlib import Path
+
+    import tfbook.models
+
+    folder = Path(tfbook.models.__file__).parent
+    back_arrows = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            back_arrows += [f"{path.name}: {name}" for name in names
+                            if name.startswith("tfbook.checkpoints")]
+    assert not back_arrows, back_arrows
+    assert not (folder / "minilm.py").exists()  # moved, not copied

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.pinned_threads import THREAD_COUNTS, pinned_threads
-from tfbook.models.minilm import attention_maps, load_minilm
+from tfbook.checkpoints.minilm import attention_maps, load_minilm
 from tfbook.tokenizers import load_minilm_wordpiece
 
 
