@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tfbook.config import is_int
+
 
 class LayerCache:
     """Keys and values of one layer, preallocated for `max_len` positions on first use."""
@@ -59,6 +61,17 @@ class LayerCache:
         self.values[:, :, self.length : end] = v
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]  # (B, H_kv, S, D) views
+
+    def crop(self, length: int) -> None:
+        """Forget every position from `length` on (speculative decoding's rollback).
+
+        Nothing is copied or freed: the stored length goes back, and the next `update`
+        writes over the dropped positions.
+        """
+        if not is_int(length) or not 0 <= length <= self.length:
+            raise ValueError(f"crop needs a length in [0, {self.length}] (the positions "
+                             f"stored), got {length!r}")
+        self.length = int(length)
 
 
 class KVCache:
@@ -121,6 +134,32 @@ class KVCache:
                     layer.values = layer.values.index_select(0, index)
             if layer.cross is not None:
                 layer.cross = tuple(t.index_select(0, index) for t in layer.cross)
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions of every layer: the rejected drafts are forgotten.
+
+        Layers may hold different lengths beforehand (a draft that shares the first layers
+        has written further); afterwards every layer holds `length` positions.
+        """
+        shortest = min(layer.length for layer in self.layers)
+        if not is_int(length) or not 0 <= length <= shortest:
+            raise ValueError(f"crop needs a length in [0, {shortest}] (the positions stored "
+                             f"in every layer), got {length!r}")
+        for layer in self.layers:
+            layer.crop(length)
+
+    def first_layers(self, n_layers: int) -> "KVCache":
+        """A cache of the first `n_layers` layers that SHARES their storage with this one.
+
+        What a draft made of a model's first blocks reads and writes (self-speculation):
+        positions the full model has cached are already there for the draft.
+        """
+        if not is_int(n_layers) or not 1 <= n_layers <= len(self.layers):
+            raise ValueError(f"first_layers needs n_layers in [1, {len(self.layers)}], got "
+                             f"{n_layers!r}")
+        view = KVCache(int(n_layers), self.max_len)
+        view.layers = self.layers[: int(n_layers)]  # the same LayerCache objects
+        return view
 
     def memory_bytes(self) -> int:
         """Bytes of the keys and values stored so far (self- and cross-attention)."""
