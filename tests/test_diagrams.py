@@ -338,3 +338,53 @@ def test_trace_follows_a_decode_step_through_the_cache():
     assert (T, S) == (1, 6) and at.q[2] == 1
     assert at.k[2] == at.v[2] == 6 and at.k[1] == model.config.n_kv_heads
     assert at.heads == (B, H, 1, at.q[3])
+
+
+def test_head_split_on_smollm2_shapes_joins_each_query_head_to_its_kv_head() -> None:
+    from tfbook.models.llama import smollm2_135m
+
+    cfg = replace(smollm2_135m(), n_layers=1, vocab_size=256)  # SmolLM2's attention shapes
+    torch.manual_seed(0)
+    tr = trace(GPT(cfg).eval(), IDX)
+    d = head_split(tr, "blocks.0.attn")
+    check_labels(d)
+    H, H_kv = cfg.n_heads, cfg.n_kv_heads
+    assert d.shape_labels["n_kv_heads"] == (f"K, V: H_kv = {H_kv} heads, each read by "
+                                            f"{H // H_kv} query heads")
+    assert numbers(d.shape_labels["k"])[1] == H_kv and numbers(d.shape_labels["q"])[1] == H
+    texts = svg_texts(d)
+    assert [t for t in texts if t.startswith("K, V ")] == [f"K, V {g + 1}" for g in range(H_kv)]
+    # one dashed line from each query head down to the key/value head it reads
+    dashed = [el for el in ET.fromstring(d.svg).iter(f"{SVG}polyline")
+              if "dash" in el.get("class", "")]
+    assert len(dashed) == H
+    mqa = head_split(trace(GPT(replace(cfg, n_kv_heads=1)).eval(), IDX), "blocks.0.attn")
+    assert "K, V: H_kv = 1 heads, each read by 9 query heads" in svg_texts(mqa)
+
+
+def test_attention_input_is_written_x_as_in_the_notation() -> None:
+    """The book writes X for the stacked input of attention (appendix, notation)."""
+    tr = trace(gpt(), IDX)
+    at = tr.attention("blocks.0.attn")
+    for d in (head_split(tr, "blocks.0.attn"), attention_path(at)):
+        texts = svg_texts(d)
+        assert "input X" in texts and "input x" not in texts
+        assert not any("x W_" in t for t in texts)
+
+
+def test_rope_angle_labels_keep_their_distance() -> None:
+    from tfbook.diagrams.positions import LABEL_GAP, rope_planes
+    from tfbook.diagrams.svg import SMALL, text_width
+
+    d = rope_planes(16, (0, 1, 2, 5, 30), (0, 1, 7))
+    root = ET.fromstring(d.svg)
+    by_row: dict[float, list[tuple[float, str]]] = {}
+    for el in root.iter(f"{SVG}text"):
+        if (el.text or "").endswith(" rad"):
+            by_row.setdefault(float(el.get("y")), []).append((float(el.get("x")), el.text))
+    assert len(by_row) == 3 and all(len(r) == 5 for r in by_row.values())
+    for labels in by_row.values():
+        labels.sort()
+        for (x0, a), (x1, b) in zip(labels, labels[1:]):
+            room = x1 - x0 - (text_width(a, SMALL) + text_width(b, SMALL)) / 2
+            assert room >= LABEL_GAP - 1e-9, (a, b, room)

@@ -81,3 +81,15 @@ def test_bad_input() -> None:
         kv_cache(model(), torch.randn(1, 4))
     with pytest.raises(ValueError, match=r"\(B, T0\) tensor of token ids"):
         kv_cache(model(), torch.tensor([1, 2, 3]))
+
+
+def test_panels_fit_a_phone_column() -> None:
+    """At 390 px the book's column is about 358 px: no panel's smallest legible size is wider
+    (the chapter's drawing: the demo model on six byte ids)."""
+    import re
+
+    torch.manual_seed(1)
+    d = kv_cache(GPT(tiny_llama()).eval(), torch.tensor([list(b"Hello ")]))
+    for svg, _ in d._panels:
+        narrowest = float(re.search(r"min-width:([\d.]+)px", svg).group(1))
+        assert narrowest <= 350, (svg[:120], narrowest)

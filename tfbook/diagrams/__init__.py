@@ -20,7 +20,8 @@ How to draw a diagram (the API later chapters use):
   `text.tokenizer_pipeline`, `text.pipelines_side_by_side`, `text.pipeline_stages`;
   `positions.rope_planes`, `positions.rope_angles_drawn`; `generation.kv_cache`,
   `generation.trace_cache`; `learning.lora_layer`, `learning.training_loop`,
-  `learning.ring_steps`, `learning.data_parallel`, `learning.model_parallel`.
+  `learning.ring_steps`, `learning.data_parallel`, `learning.model_parallel`;
+  `backward.attention_backward_graph(backward.trace_attention_backward(q, k, v))`.
 - A `Diagram` has `.svg` (the SVG string), `.labels` (every text, as `Label(text, key,
   shape)`), `.shape_labels` ({key: text} of the traced shapes); it displays as inline SVG
   whose text and lines take the page's colour (`currentColor`), so it follows a dark theme.
@@ -31,6 +32,7 @@ How to draw a diagram (the API later chapters use):
   Every string is escaped, so labels may hold a reader's tokens.
 """
 
+from tfbook.diagrams.backward import attention_backward_graph, trace_attention_backward
 from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.figures import (
     attention_path,
@@ -67,5 +69,6 @@ __all__ = [
     "head_split", "hstack", "masks", "row", "shape_label", "trace", "trace_attention",
     "kv_cache", "trace_cache", "data_parallel", "lora_layer", "model_parallel", "ring_steps",
     "training_loop", "rope_angles_drawn", "rope_planes", "pipeline_stages",
-    "pipelines_side_by_side", "tokenizer_pipeline",
+    "pipelines_side_by_side", "tokenizer_pipeline", "attention_backward_graph",
+    "trace_attention_backward",
 ]

@@ -151,10 +151,10 @@ def head_split(tr: Trace, name: str) -> Diagram:
     band = max(10.0, min(34.0, 340.0 / H))
     gap = 6.0 if band >= 18 else 2.0
     head_w = band if band < 18 else band - 2
-    rect = draw(c, Node("input x", at.x, BTC, key="x"), 0, 0)
+    rect = draw(c, Node("input X", at.x, BTC, key="x"), 0, 0)
     y = rect.bottom + GAP
     c.arrow(0, rect.bottom, 0, y)
-    _side_note(c, 10, rect.bottom + 17, "Q = x W_Q")
+    _side_note(c, 10, rect.bottom + 17, "Q = X W_Q")
     flat = _bands(c, 0, y, H, band, 44)
     _side_note(c, flat.right + 12, flat.cy - 2, "Q, sliced into H heads of D columns")
     _side_note(c, flat.right + 12, flat.cy + 16, shape_label(BTC, q_flat), "q_flat", q_flat,
@@ -216,11 +216,11 @@ def cross_attention(at: AttentionTrace, title: str = "Cross-attention") -> Diagr
     c = Canvas(title)
     kv = _kv_legend(at)
     left, right = draw(c, Node("encoder output (memory)", at.source, BSC, key="source"), 0, 0), None
-    right = draw(c, Node("decoder stream x", at.x, BTC, key="x"), left.right + 40 + 110, 0)
+    right = draw(c, Node("decoder stream X", at.x, BTC, key="x"), left.right + 40 + 110, 0)
     y = max(left.bottom, right.bottom) + GAP
     kvr = draw(c, Node("K, V = memory W_K, W_V", at.k, letters_for(kv, at.k), "attn", "k"),
                left.cx, y)
-    qr = draw(c, Node("Q = x W_Q", at.q, QUERY, "attn", "q"), right.cx, y)
+    qr = draw(c, Node("Q = X W_Q", at.q, QUERY, "attn", "q"), right.cx, y)
     c.arrow(left.cx, left.bottom, left.cx, kvr.y)
     c.arrow(right.cx, right.bottom, right.cx, qr.y)
     cx = (left.cx + right.cx) / 2

@@ -189,7 +189,8 @@ def _memory_canvas(ct: CacheTrace) -> Canvas:
     c.text(0, r.bottom + 22, f"× {L} layers", 15, bold=True, key="n_layers", shape=(L,))
     y = r.bottom + 50
     formula = f"2 × {L} × {B} × {H_kv} × {S} × {D} × {nbytes} bytes"
-    note(c, 0, y, "2 (K, V) × L × B × H_kv × S × D × bytes a number", anchor="middle")
+    # the 2 is K and V (the note in the box above): a shorter line fits a phone's column
+    note(c, 0, y, "2 × L × B × H_kv × S × D × bytes a number", anchor="middle")
     note(c, 0, y + 18, formula, "formula", (2, L, B, H_kv, S, D, nbytes), mono=True,
          anchor="middle")
     note(c, 0, y + 38, f"= {ct.memory_bytes:,} bytes held", "bytes", (ct.memory_bytes,),

@@ -17,8 +17,10 @@ import torch
 
 from tfbook.diagrams._shared import heading, note
 from tfbook.diagrams.diagram import Diagram
-from tfbook.diagrams.svg import HEAD_COLOURS, SMALL, Canvas
+from tfbook.diagrams.svg import HEAD_COLOURS, SMALL, Canvas, text_width
 from tfbook.rope import apply_rope, rope_frequencies
+
+LABEL_GAP = 28.0  # at least this much room between the angle labels of two cells
 
 
 def rope_angles_drawn(D: int, positions: tuple[int, ...], planes: tuple[int, ...],
@@ -56,7 +58,11 @@ def rope_planes(D: int, positions: tuple[int, ...] = (0, 1, 2, 3),
     _check(D, positions, planes, base)
     theta = rope_frequencies(D, float(base)).tolist()
     angles = rope_angles_drawn(D, positions, planes, float(base))
-    r, cell_w, cell_h, label_w = 28.0, 92.0, 108.0, 104.0
+    labels = [[f"{t * theta[n]:.3g} rad" for t in positions] for n in planes]
+    widest = max(text_width(text, SMALL) for row in labels for text in row)
+    # each cell is as wide as its widest angle label plus a clear gap to the next one
+    r, cell_h, label_w = 28.0, 108.0, 104.0
+    cell_w = max(2 * r + 36, widest + LABEL_GAP)
     c = Canvas("RoPE: each plane turned by its position")
     y = heading(c, f"RoPE, D = {D}: plane n turned by t·θ_n", 0, 0)
     for j, t in enumerate(positions):
@@ -79,8 +85,7 @@ def rope_planes(D: int, positions: tuple[int, ...] = (0, 1, 2, 3),
             a = angles[i][j]
             c.line([(cx, cy), (cx + r * math.cos(a), cy - r * math.sin(a))], colour=colour,
                    width=2.2)
-            note(c, cx, cy + r + 22, f"{t * theta[n]:.3g} rad", f"angle{i}.{j}",
-                 anchor="middle")
+            note(c, cx, cy + r + 22, labels[i][j], f"angle{i}.{j}", anchor="middle")
         c.line([(0, top + cell_h - 2), (label_w + len(positions) * cell_w, top + cell_h - 2)],
                arrow=False, dashed=True, width=0.6)
     note(c, 0, y + len(planes) * cell_h + 14,

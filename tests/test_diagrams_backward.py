@@ -1,0 +1,77 @@
+"""tfbook.diagrams.backward: the attention-backward graph shows the real call's shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.diagram_helpers import numbers, svg_texts
+from tfbook.attention import scaled_dot_product_attention
+from tfbook.diagrams import attention_backward_graph, trace_attention_backward
+from tfbook.masks import causal_mask
+
+
+def qkv(*lead: int, T: int = 5, S: int = 7, D: int = 4) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(*lead, T, D, dtype=torch.float64),
+            torch.randn(*lead, S, D, dtype=torch.float64),
+            torch.randn(*lead, S, D, dtype=torch.float64)]
+
+
+def test_labels_are_the_traced_shapes() -> None:
+    q, k, v = qkv()
+    d = attention_backward_graph(trace_attention_backward(q, k, v))
+    labels = {key: numbers(text) for key, text in d.shape_labels.items()}
+    # an independent autograd run of the same call
+    q_, k_, v_ = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, weights = scaled_dot_product_attention(q_, k_, v_)
+    weights.retain_grad()
+    out.backward(torch.ones_like(out))
+    assert labels["forward.q"] == tuple(q.shape) == labels["backward.grad_q"]
+    assert labels["forward.k"] == tuple(k.shape) == labels["backward.grad_k"]
+    assert labels["forward.v"] == tuple(v.shape) == labels["backward.grad_v"]
+    assert labels["forward.scores"] == labels["forward.weights"] == tuple(weights.shape)
+    assert labels["backward.grad_weights"] == tuple(weights.grad.shape)
+    assert labels["backward.grad_scores"] == tuple(weights.shape)
+    assert labels["forward.out"] == labels["backward.grad_out"] == tuple(out.shape)
+    assert labels["forward.scores"] == (5, 7)  # T queries against S keys, told apart
+    assert d.shape_labels["forward.scores"] == "(T, S) = (5, 7)"
+    assert d.shape_labels["backward.grad_k"] == "(S, D) = (7, 4)"
+    texts = svg_texts(d.svg)
+    for label in d.labels:
+        assert label.text in texts
+
+
+def test_hand_gradients_agree_with_autograd() -> None:
+    tb = trace_attention_backward(*qkv(2, 3))
+    # float64: the two computations differ only by rounding of a few products
+    assert tb.max_difference < 1e-12
+    assert not tb.masked
+
+
+def test_changing_the_call_changes_the_drawing() -> None:
+    base = attention_backward_graph(trace_attention_backward(*qkv())).shape_labels
+    longer = attention_backward_graph(trace_attention_backward(*qkv(S=11))).shape_labels
+    batched = attention_backward_graph(trace_attention_backward(*qkv(2, 3))).shape_labels
+    wide = attention_backward_graph(trace_attention_backward(*qkv(D=8))).shape_labels
+    assert numbers(longer["backward.grad_scores"]) == (5, 11) != numbers(
+        base["backward.grad_scores"])
+    assert batched["backward.grad_q"] == "(B, H, T, D) = (2, 3, 5, 4)"
+    assert numbers(wide["backward.grad_v"]) == (7, 8)
+    q, k, v = qkv(S=5)
+    masked = attention_backward_graph(trace_attention_backward(q, k, v, causal_mask(5)))
+    assert "masked" in svg_texts(masked.svg)
+    assert "masked" not in svg_texts(attention_backward_graph(
+        trace_attention_backward(q, k, v)).svg)
+
+
+def test_bad_input() -> None:
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
+        trace_attention_backward([1.0], k, v)
+    with pytest.raises(ValueError, match="k must be a floating-point tensor"):
+        trace_attention_backward(q, k.long(), v)
+    with pytest.raises(ValueError, match=r"grad_out must have the output's shape \(5, 4\)"):
+        trace_attention_backward(q, k, v, grad_out=torch.zeros(3, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="needs a BackwardTrace"):
+        attention_backward_graph("not a trace")
