@@ -137,3 +137,63 @@ def test_rope_bad_input(args: tuple) -> None:
 
     with pytest.raises(ValueError, match="must be"):
         rope_planes(*args)
+
+
+# --- BPE merge tree (book/text/bpe.md) ----------------------------------------------------------
+
+def test_merge_tree_is_the_tokenizers_merges() -> None:
+    from tfbook.diagrams.text import merge_forest, merge_tree
+
+    tok = BPETokenizer.train("low lower lowest newest widest " * 20, 256 + 12)
+    word = " lowest"
+    forest = merge_forest(tok, word)
+    assert [tree.token_id for tree in forest] == tok.encode(word)  # the roots are encode()'s
+    for tree in forest:
+        for node in tree.merges():  # each inner node is a learned merge of its two children
+            left, right = node.children
+            assert tok.merges[(left.token_id, right.token_id)] == node.token_id
+            assert node.text == left.text + right.text == tok.vocab[node.token_id]
+    leaves = [leaf.token_id for tree in forest for leaf in tree.leaves()]
+    assert bytes(leaves) == word.encode()
+    d = merge_tree(tok, word)
+    labels = {lb.key: lb for lb in d.labels if lb.key}
+    merged = {node.token_id for tree in forest for node in tree.merges()}
+    assert {k for k in labels if k.startswith("merge.")} == {f"merge.{i}" for i in merged}
+    for i in merged:
+        assert labels[f"merge.{i}"].text == f"merge {i}" and labels[f"merge.{i}"].shape == (i,)
+    texts = svg_texts(d.svg)
+    for label in d.labels:
+        assert label.text in texts
+    # fewer merges: another tree
+    fewer = merge_tree(tok.with_merges(3), word)
+    assert fewer.svg != d.svg and len(merge_forest(tok.with_merges(3), word)) > len(forest)
+
+
+def test_merge_tree_escapes_hostile_tokens() -> None:
+    from tfbook.diagrams.text import merge_forest, merge_tree
+
+    hostile = '<a&"b\'>'
+    tok = BPETokenizer.train(hostile * 40, 256 + 8, pattern=None)
+    forest = merge_forest(tok, hostile)
+    assert len(forest) < len(hostile)  # merges happened across <, &, quotes
+    d = merge_tree(tok, hostile, title="<script>x</script>")
+    assert "<script>" not in d._repr_html_()
+    texts = svg_texts(d.svg)  # parses: nothing broke out of its element
+    assert "<script>x</script>" in texts
+    assert any("<" in t and "&" in t for t in texts)  # a merged token holding < and &
+    for label in d.labels:
+        assert label.text in texts
+
+
+def test_merge_tree_bad_input() -> None:
+    from tfbook.diagrams.text import merge_tree
+
+    tok = BPETokenizer.train("ab ab ab", 258)
+    with pytest.raises(TypeError, match="needs a BPETokenizer"):
+        merge_tree(load_minilm_wordpiece(), "ab")
+    with pytest.raises(TypeError, match="word must be a str"):
+        merge_tree(tok, b"ab")
+    with pytest.raises(ValueError, match="1 to 16 bytes"):
+        merge_tree(tok, "")
+    with pytest.raises(ValueError, match="1 to 16 bytes"):
+        merge_tree(tok, "ab" * 9)

@@ -7,13 +7,17 @@ Each stage's output is what the tokenizer's own functions produce at that stage
 (`pipeline_stages` calls them), and the ids at the end are `tokenizer.encode(text)`: a
 drawing that disagreed with the tokenizer would fail in `pipeline_stages`. Every string is
 escaped by the canvas, so the text may be anything a reader types.
+
+`merge_tree(tokenizer, word)` draws how a trained byte-level BPE built the tokens of one
+word: the leaves are the word's bytes, each inner node a merge of the tokenizer (its id,
+which is its rank, and the two tokens it joined), the roots the tokens `encode` returns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfbook.diagrams._shared import chips, heading, note, visible
+from tfbook.diagrams._shared import CHIP_H, chips, heading, note, visible
 from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.layout import hstack
 from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
@@ -155,4 +159,125 @@ def pipelines_side_by_side(tokenizers: list[tuple[str, WordPieceTokenizer | BPET
     return Diagram(hstack("Tokenizer pipelines", panels, 28, prefixes), panels)
 
 
-__all__ = ["STAGES", "Stage", "pipeline_stages", "pipelines_side_by_side", "tokenizer_pipeline"]
+@dataclass(frozen=True)
+class MergeNode:
+    """One token of a merge tree: a byte (a leaf) or the merge that built it."""
+
+    token_id: int
+    text: bytes  # the bytes the token stands for
+    children: tuple[MergeNode, ...]  # () for a byte; (left, right) for a merge
+
+    @property
+    def height(self) -> int:
+        """0 for a byte, else one more than the taller child."""
+        return 1 + max(c.height for c in self.children) if self.children else 0
+
+    def leaves(self) -> list[MergeNode]:
+        return [leaf for c in self.children for leaf in c.leaves()] if self.children else [self]
+
+    def merges(self) -> list[MergeNode]:
+        """Every inner node, children before parents."""
+        return [m for c in self.children for m in c.merges()] + ([self] if self.children else [])
+
+
+MAX_TREE_BYTES = 16  # wider words would not fit the page's column
+LEAF_PITCH = 40.0  # the least room per byte: two neighbouring merges' labels stay apart
+
+
+def merge_forest(tokenizer: BPETokenizer, word: str) -> list[MergeNode]:
+    """The merge trees of the tokens of `word`, from the tokenizer's own merges.
+
+    Each token id of `tokenizer.encode_ordinary(word)` is unfolded through the merge that made
+    it, down to single bytes. Raises if the leaves are not the word's bytes (they always are
+    for a consistent tokenizer: the check guards the drawing).
+    """
+    if not isinstance(tokenizer, BPETokenizer):
+        raise TypeError(f"merge_tree needs a BPETokenizer, got {type(tokenizer).__name__}")
+    if not isinstance(word, str):
+        raise TypeError(f"word must be a str, got {type(word).__name__}")
+    raw = word.encode("utf-8")
+    if not 1 <= len(raw) <= MAX_TREE_BYTES:
+        raise ValueError(f"word must be 1 to {MAX_TREE_BYTES} bytes long, got {len(raw)} bytes:"
+                         f" {word[:40]!r}")
+    parts = {new_id: pair for pair, new_id in tokenizer.merges.items()}
+
+    def unfold(token_id: int) -> MergeNode:
+        if token_id in parts:
+            left, right = parts[token_id]
+            return MergeNode(token_id, tokenizer.vocab[token_id], (unfold(left), unfold(right)))
+        if token_id >= 256:
+            raise ValueError(f"token {token_id} is neither a byte nor a merge")
+        return MergeNode(token_id, bytes([token_id]), ())
+
+    forest = [unfold(i) for i in tokenizer.encode_ordinary(word)]
+    if b"".join(leaf.text for tree in forest for leaf in tree.leaves()) != raw:
+        raise RuntimeError("the merge trees do not spell the word's bytes")
+    return forest
+
+
+LEVEL = 62.0  # vertical room between two levels of the tree
+
+
+def merge_tree(tokenizer: BPETokenizer, word: str, title: str | None = None) -> Diagram:
+    """The merge trees of one word: bytes at the bottom, each merge above the two tokens it
+    joined (labelled with its id, the rank at which encoding applies it), the tokens that
+    `encode` returns on top. Each node's label is recorded with key f"node.{token id}"."""
+    forest = merge_forest(tokenizer, word)
+    title = title or f"BPE merge tree of {visible(word)!s}"
+    c = Canvas(title)
+    top = heading(c, title, 0, 0)
+    tall = max(tree.height for tree in forest)
+    base = top + 20 + tall * LEVEL  # the top of the leaves' row
+    centre: dict[int, float] = {}  # id(node) -> x of its centre
+    x = 0.0
+    widths: dict[int, float] = {}
+
+    def width(node: MergeNode) -> float:
+        return max(text_width(visible(node.text), SMALL, mono=True) + 12, 24.0)
+
+    for tree in forest:
+        for leaf in tree.leaves():
+            widths[id(leaf)] = width(leaf)
+            centre[id(leaf)] = x + max(widths[id(leaf)] + 8, LEAF_PITCH) / 2
+            x += max(widths[id(leaf)] + 8, LEAF_PITCH)
+        x += 14  # a wider gap between two tokens' trees
+
+    def place(node: MergeNode) -> None:
+        for child in node.children:
+            place(child)
+        if node.children:
+            centre[id(node)] = sum(centre[id(ch)] for ch in node.children) / 2
+            widths[id(node)] = width(node)
+
+    def y_of(node: MergeNode, root: bool) -> float:
+        return top + 20 if root else base - node.height * LEVEL
+
+    def draw_node(node: MergeNode, root: bool) -> None:
+        cx, w, y = centre[id(node)], widths[id(node)], y_of(node, root)
+        is_token = root or any(node is t for t in forest)  # a token encode() returns
+        kind = "head" if is_token else ("embed" if node.children else "data")
+        c.box(cx - w / 2, y, w, CHIP_H, kind, radius=3)
+        c.text(cx, y + CHIP_H / 2 + 4.5, visible(node.text), SMALL, mono=True,
+               key=f"node.{node.token_id}")
+        if node.children:
+            c.text(cx, y - 5, f"merge {node.token_id}", SMALL, key=f"merge.{node.token_id}",
+                   shape=(node.token_id,))
+            for child in node.children:
+                cy = y_of(child, False) - (19 if child.children else 0)  # above its label
+                c.line([(centre[id(child)], cy), (cx, y + CHIP_H)], arrow=True, width=1.2)
+
+    for tree in forest:
+        place(tree)
+        if not tree.children:  # a byte that no merge took: leaf and token at once
+            draw_node(tree, False)
+            continue
+        for node in tree.merges()[:-1] + tree.leaves():
+            draw_node(node, False)
+        draw_node(tree, True)
+    note(c, 0, base + CHIP_H + 22, f"{len(word.encode('utf-8'))} bytes at the bottom; "
+         f"{len(forest)} token{'s' if len(forest) > 1 else ''} on top")
+    return Diagram(c)
+
+
+__all__ = ["STAGES", "MergeNode", "Stage", "merge_forest", "merge_tree", "pipeline_stages",
+           "pipelines_side_by_side", "tokenizer_pipeline"]
