@@ -1,6 +1,7 @@
 """Weight quantisation in blocks (tfbook/quantize.py): parity with llama.cpp's GGUF formats
-(the `gguf` package's reference quantisers, Q8_0 and Q4_1), the rounding bound, the sizes,
-and bad input."""
+(the `gguf` package's reference quantisers: the values of Q8_0 and Q4_1, and the bytes of
+Q8_0, Q4_0 and Q4_1 on random tensors, extreme ones and SmolLM2's own), the rounding bound,
+the sizes, per-channel int8 and its integer matmul, and bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +11,21 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from tfbook.quantize import quantise
+from tfbook.checkpoints.smollm2 import smollm2_gguf_path
+from tfbook.quantize import (
+    BLOCK_BYTES,
+    GGUF_FORMATS,
+    _round_half_away,
+    bits_per_weight,
+    gguf_dequantise,
+    gguf_matmul,
+    gguf_quantise,
+    int8_dequantise,
+    int8_matmul,
+    int8_per_channel,
+    quantise,
+    read_gguf_blocks,
+)
 
 
 def weights(rows: int = 16, cols: int = 128, seed: int = 0) -> torch.Tensor:
@@ -90,3 +105,252 @@ def test_a_zero_block_stays_zero() -> None:
 def test_bad_input_is_a_clear_error(args: tuple, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         quantise(*args)
+
+
+# --- GGUF blocks, to the byte -------------------------------------------------------------
+
+
+def extreme_tensors() -> dict[str, torch.Tensor]:
+    """Tensors that probe the corners of the rounding rules; every last dim a multiple of 32."""
+    g = torch.Generator().manual_seed(1)
+    halves = torch.arange(-64, 64, dtype=torch.float32) / 2  # exact halves: the tie rule
+    ties = torch.tensor([1.0, -1.0] * 16)  # |max| reached twice with both signs (Q4_0)
+    return {
+        "gaussian with outliers": weights(32, 256),
+        "zeros": torch.zeros(3, 64),
+        "constant rows": torch.full((3, 64), 0.3),
+        "negative constant": torch.full((2, 32), -7.25),
+        "negative only": -torch.rand(4, 96, generator=g),
+        "positive only": torch.rand(4, 96, generator=g),
+        "huge": 1e4 * torch.randn(4, 64, generator=g),  # scales up to float16's limit
+        "tiny (float16 scale underflows)": 1e-30 * torch.randn(4, 64, generator=g),
+        "float16-subnormal scales": 1e-6 * torch.randn(4, 64, generator=g),
+        "halves": halves.reshape(4, 32),
+        "tied maxima": torch.stack([ties, -ties]),
+        "one outlier": torch.cat([torch.full((31,), 1e-3), torch.tensor([50.0])])[None],
+        "3-D": torch.randn(2, 3, 96, generator=g),
+        "1-D": torch.randn(64, generator=g),
+        "float64": torch.randn(4, 64, generator=g, dtype=torch.float64),
+        "float16": torch.randn(4, 64, generator=g).half(),
+        "bfloat16": torch.randn(4, 64, generator=g).bfloat16(),
+        "just below a half": torch.full((1, 32), 0.49999997) * torch.tensor([1.0] * 31 + [127.0]),
+    }
+
+
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+@pytest.mark.parametrize("name", list(extreme_tensors()))
+def test_gguf_blocks_are_byte_identical(kind: str, name: str) -> None:
+    w = extreme_tensors()[name]
+    reference_input = w.float().numpy() if w.dtype == torch.bfloat16 else w.numpy()
+    theirs = quantize(reference_input, GGMLQuantizationType[kind])  # uint8 (..., bytes)
+    ours = gguf_quantise(w, kind)
+    assert ours.dtype == torch.uint8 and tuple(ours.shape) == theirs.shape
+    assert np.array_equal(ours.numpy(), theirs)
+    back = gguf_dequantise(ours, kind)
+    assert np.array_equal(back.numpy(), dequantize(theirs, GGMLQuantizationType[kind]))
+
+
+@pytest.mark.parametrize("kind, levels", [("Q8_0", 127), ("Q4_0", 8), ("Q4_1", 15)])
+def test_the_largest_storable_scale(kind: str, levels: int) -> None:
+    """A scale of 65,519 still rounds to float16's 65,504 (gguf stores it); 65,520 is inf."""
+    w = torch.zeros(1, 32)
+    w[0, 5] = 65519.0 * levels
+    theirs = quantize(w.numpy(), GGMLQuantizationType[kind])
+    assert np.array_equal(gguf_quantise(w, kind).numpy(), theirs)
+    w[0, 5] = 65520.0 * levels
+    with pytest.raises(ValueError, match="beyond float16's largest 65504"):
+        gguf_quantise(w, kind)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gguf's numpy on NaN
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+def test_dequantise_reads_any_bytes_as_gguf_does(kind: str) -> None:
+    """Arbitrary bytes, including float16 scales that are inf or NaN: the same floats."""
+    g = torch.Generator().manual_seed(2)
+    raw = torch.randint(0, 256, (7, 3 * BLOCK_BYTES[kind]), generator=g, dtype=torch.uint8)
+    raw[0, :2] = torch.tensor([0x00, 0x7C], dtype=torch.uint8)  # float16 +inf
+    raw[1, :2] = torch.tensor([0x01, 0x7E], dtype=torch.uint8)  # float16 NaN
+    theirs = dequantize(raw.numpy(), GGMLQuantizationType[kind])
+    ours = gguf_dequantise(raw, kind).numpy()
+    assert ours.shape == theirs.shape
+    np.testing.assert_array_equal(ours, theirs)  # NaN where gguf has NaN
+
+
+# SmolLM2's tensors, one of each kind the model has, from one layer (small, to stay fast).
+SMOLLM2_NAMES = ("blk.3.attn_q.weight", "blk.3.attn_k.weight", "blk.17.ffn_down.weight",
+                 "blk.29.ffn_gate.weight")
+
+
+@pytest.fixture(scope="module")
+def smollm2_blocks() -> dict:
+    return read_gguf_blocks(smollm2_gguf_path(), SMOLLM2_NAMES + ("token_embd.weight",))
+
+
+def test_reading_the_shipped_blocks_matches_ggufs_reader(smollm2_blocks: dict) -> None:
+    for name, (kind, blocks) in smollm2_blocks.items():
+        theirs = dequantize(blocks.numpy(), GGMLQuantizationType[kind])
+        assert np.array_equal(gguf_dequantise(blocks, kind).numpy(), theirs), name
+    assert smollm2_blocks["token_embd.weight"][0] == "Q8_0"
+    assert {smollm2_blocks[n][0] for n in SMOLLM2_NAMES} == {"Q4_1"}
+
+
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+def test_smollm2_tensors_quantise_byte_identically(smollm2_blocks: dict, kind: str) -> None:
+    for name in SMOLLM2_NAMES:
+        stored_kind, stored = smollm2_blocks[name]
+        w = gguf_dequantise(stored, stored_kind)  # (out, in) float32, the model's weights
+        theirs = quantize(w.numpy(), GGMLQuantizationType[kind])
+        ours = gguf_quantise(w, kind)
+        assert np.array_equal(ours.numpy(), theirs), name
+        assert np.array_equal(gguf_dequantise(ours, kind).numpy(),
+                              dequantize(theirs, GGMLQuantizationType[kind])), name
+
+
+def test_embedding_rows_quantise_byte_identically(smollm2_blocks: dict) -> None:
+    kind, stored = smollm2_blocks["token_embd.weight"]
+    w = gguf_dequantise(stored[::97], kind)  # every 97th of the 49,152 rows
+    for target in GGUF_FORMATS:
+        theirs = quantize(w.numpy(), GGMLQuantizationType[target])
+        assert np.array_equal(gguf_quantise(w, target).numpy(), theirs), target
+
+
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+def test_gguf_rounding_bound(kind: str) -> None:
+    """Every weight moves by at most half a step of its block (d / 2 for the float16 d,
+    plus the rounding of d and m themselves), except Q4_0's clipped top level (one step)."""
+    w = weights(32, 256)
+    blocks = gguf_quantise(w, kind)
+    back = gguf_dequantise(blocks, kind)
+    x, xb = w.reshape(-1, 32), back.reshape(-1, 32)
+    d = blocks.reshape(-1, BLOCK_BYTES[kind])[:, :2].contiguous().view(torch.float16).float()
+    levels = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}[kind]
+    # d is rounded to float16 (relative error 2^-11): a code q far from 0 moves by q * that.
+    slack = levels * d.abs() * 2.0 ** -11 + 1e-6 * x.abs().amax(dim=-1, keepdim=True)
+    if kind == "Q4_1":
+        slack = slack + x.amin(dim=-1, keepdim=True).abs() * 2.0 ** -11  # m in float16
+    step = d.abs() / 2
+    if kind == "Q4_0":  # codes -8..7: a weight beyond 7.5 d (opposite the largest) is clipped
+        step = torch.where(x / d > 7.5, d.abs(), step)  # to 7 d: it moves by up to d
+    assert bool(((xb - x).abs() <= step + slack).all())
+    assert bits_per_weight(kind) == {"Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0}[kind]
+
+
+def test_q4_0_is_asymmetric_by_one_level() -> None:
+    """Q4_0 maps the weight of largest |w| to -8: its sign picks which end gets 16 levels."""
+    w = torch.linspace(-1, 0.5, 32)[None]  # the largest |w| is negative: it gets code 0
+    q = gguf_quantise(w, "Q4_0")[0, 2:]  # the 16 bytes of codes
+    assert int(q[0] & 0x0F) == 0  # w[0] = -1 -> code 0 -> (0 - 8) d = -1
+    assert float(gguf_dequantise(gguf_quantise(w, "Q4_0"), "Q4_0")[0, 0]) == -1.0
+
+
+def test_nibble_layout() -> None:
+    """Byte i of a Q4_1 block holds weight i in its low 4 bits and weight i + 16 in its high."""
+    w = torch.arange(32, dtype=torch.float32)[None] % 16  # codes 0..15, 0..15
+    blocks = gguf_quantise(w, "Q4_1")[0]
+    d, m = blocks[:2].view(torch.float16), blocks[2:4].view(torch.float16)
+    assert float(d) == 1.0 and float(m) == 0.0
+    assert blocks[4:].tolist() == [i | (i << 4) for i in range(16)]
+
+
+def test_roundf_is_exact_next_to_a_half() -> None:
+    """floor(|x| + 0.5) rounds 0.49999997 to 1; C's roundf (and gguf) give 0."""
+    x = torch.tensor([0.49999997, -0.49999997, 0.5, -0.5, 1.5, -2.5, 2.4999998])
+    assert _round_half_away(x).tolist() == [0.0, -0.0, 1.0, -1.0, 2.0, -3.0, 2.0]
+    assert torch.floor(x[:1].abs() + 0.5).item() == 1.0  # the naive rule's mistake
+
+
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+def test_gguf_matmul_is_the_dequantised_product(kind: str) -> None:
+    w, x = weights(48, 128), weights(5, 128, seed=3)
+    blocks = gguf_quantise(w, kind)
+    assert torch.equal(gguf_matmul(x, blocks, kind), x @ gguf_dequantise(blocks, kind).T)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((torch.zeros(2, 48), "Q4_1"), ValueError, r"multiple of 32, got shape \(2, 48\)"),
+    ((torch.zeros(2, 0), "Q8_0"), ValueError, r"w is empty \(shape \(2, 0\)\)"),
+    ((torch.zeros(0, 32), "Q8_0"), ValueError, "nothing to quantise"),
+    ((torch.zeros(()), "Q8_0"), ValueError, r"got shape \(\)"),
+    ((torch.zeros(2, 32, dtype=torch.int32), "Q8_0"), TypeError, "float tensor.*got torch.int32"),
+    ((torch.zeros(2, 32, dtype=torch.bool), "Q4_0"), TypeError, "got torch.bool"),
+    ((np.zeros((2, 32), np.float32), "Q8_0"), TypeError, "torch float tensor.*got ndarray"),
+    ((torch.tensor([[float("nan")] * 32]), "Q4_0"), ValueError, "NaN or infinite"),
+    ((torch.tensor([[float("inf")] + [0.0] * 31]), "Q4_1"), ValueError, "NaN or infinite"),
+    ((torch.zeros(2, 32), "Q5_0"), ValueError, r"kind must be one of \('Q8_0', 'Q4_0', 'Q4_1'\)"),
+    ((torch.zeros(2, 32), GGMLQuantizationType.Q4_1), ValueError, "kind must be one of"),
+    ((torch.full((1, 32), 1e7), "Q8_0"), ValueError, "float16 scale of 7.874e\\+04, beyond"),
+    ((torch.full((1, 32), 1e6), "Q4_0"), ValueError, "scale of -1.25e\\+05, beyond"),
+    ((torch.tensor([[-7e4] + [0.0] * 31]), "Q4_1"), ValueError, "float16 minimum of -7e\\+04"),
+    ((torch.tensor([[-3e38] + [3e38] * 31]), "Q4_1"), ValueError, "float16 scale of inf"),
+    ((torch.full((1, 32), 1e-38), "Q8_0"), ValueError, "below float32's normal range"),
+])
+def test_gguf_bad_input_is_a_clear_error(args: tuple, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        gguf_quantise(*args)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((torch.zeros(2, 20, dtype=torch.uint8), "Q8_0"), ValueError, "multiple of 34"),
+    ((torch.zeros(2, 0, dtype=torch.uint8), "Q4_1"), ValueError, "positive multiple of 20"),
+    ((torch.zeros(2, 18), "Q4_0"), TypeError, "uint8 tensor of Q4_0 bytes, got torch.float32"),
+    ((b"\x00" * 18, "Q4_0"), TypeError, "got bytes"),
+    ((torch.zeros(2, 18, dtype=torch.uint8), "q4_0"), ValueError, "kind must be one of"),
+])
+def test_gguf_dequantise_bad_input(args: tuple, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        gguf_dequantise(*args)
+
+
+def test_read_gguf_blocks_refuses_what_it_cannot_give() -> None:
+    with pytest.raises(ValueError, match="has no tensors \\['nope'\\]"):
+        read_gguf_blocks(smollm2_gguf_path(), ["nope"])
+    with pytest.raises(ValueError, match="output_norm.weight.* is F32, expected one of"):
+        read_gguf_blocks(smollm2_gguf_path(), ["output_norm.weight"])
+
+
+# --- per-channel int8 (the page model's) and the integer matmul ---------------------------
+
+
+def test_int8_per_channel_is_absmax_per_row() -> None:
+    w = weights(16, 128)
+    w[3] = 0.0  # a row of zeros: scale 1, codes 0
+    q, scale = int8_per_channel(w)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (16,)
+    assert float(scale[3]) == 1.0 and not bool(q[3].any())
+    expected = w.abs().amax(dim=1) / 127
+    assert torch.equal(scale[[i for i in range(16) if i != 3]],
+                       expected[[i for i in range(16) if i != 3]])
+    assert int(q.abs().max()) == 127
+    back = int8_dequantise(q, scale)
+    assert bool(((back - w).abs() <= scale[:, None] / 2 * (1 + 1e-5)).all())
+
+
+def test_int8_matmul_equals_the_exact_integer_product() -> None:
+    """_int_mm sums int8 products in int32, exactly; the only rounding beyond the weights' is
+    the input's own int8 rounding and the final float32 products."""
+    w, x = weights(48, 256), weights(6, 256, seed=4)
+    q, scale = int8_per_channel(w)
+    qx, sx = int8_per_channel(x)
+    exact = (qx.double() @ q.double().T) * sx.double()[:, None] * scale.double()[None]
+    y = int8_matmul(x, q, scale)
+    assert y.shape == (6, 48)
+    assert torch.allclose(y.double(), exact, rtol=1e-6, atol=0)
+    # against the float product: off by at most the input's rounding, |x - x~| <= s_t / 2
+    reference = x @ int8_dequantise(q, scale).T
+    bound = (sx[:, None] / 2) * int8_dequantise(q, scale).abs().sum(dim=1)[None] * (1 + 1e-4)
+    assert bool(((y - reference).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("fn, args, error, message", [
+    (int8_dequantise, (torch.zeros(2, 4), torch.ones(2)), TypeError, "2-D int8 tensor"),
+    (int8_dequantise, (torch.zeros(2, 4, dtype=torch.int8), torch.ones(3)), ValueError,
+     r"shape \(2,\), one per row of q, got torch.float32 \(3,\)"),
+    (int8_matmul, (torch.zeros(2, 4, dtype=torch.int8), torch.zeros(2, 4, dtype=torch.int8),
+                   torch.ones(2)), TypeError, "x must be a 2-D float tensor"),
+    (int8_matmul, (torch.zeros(2, 8), torch.zeros(2, 4, dtype=torch.int8), torch.ones(2)),
+     ValueError, "x has 8 columns, the weight 4"),
+    (int8_per_channel, (torch.zeros(4),), TypeError, "2-D float tensor"),
+])
+def test_int8_bad_input(fn, args: tuple, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        fn(*args)

@@ -15,13 +15,23 @@ consecutive weights of a row: llama.cpp's GGUF formats use n = 32 with float16 s
 (Q8_0: absmax, 8 bits; Q4_1: zero-point, 4 bits), which this module reproduces exactly
 (`scale_dtype=torch.float16`; rounding half away from zero, as llama.cpp rounds).
 
-Shape legend: R rows, K columns, B blocks per row, n weights per block.
+Beyond the rounded values, the GGUF formats are reproduced to the byte: `gguf_quantise` writes
+the blocks llama.cpp writes (Q8_0, Q4_0, Q4_1: a float16 scale, for Q4_1 also a float16
+minimum, then the 32 codes) and `gguf_dequantise` reads them back; `gguf_matmul` multiplies by
+such a weight, dequantising it on the fly. `int8_per_channel` is the page model's int8 (a
+float32 scale per row) and `int8_matmul` multiplies with it in integers (torch._int_mm).
+
+Shape legend: R rows, K columns, B blocks per row, n weights per block, N blocks in all,
+T rows of an input.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,8 +51,12 @@ class Quantised:
 
 
 def _round_half_away(x: Tensor) -> Tensor:
-    """Round to the nearest integer, halves away from zero (C's roundf, as llama.cpp)."""
-    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+    """Round to the nearest integer, halves away from zero (C's roundf, as llama.cpp).
+    Not floor(|x| + 0.5): for |x| = 0.49999997 the sum rounds up to 1.0 in float32. With
+    f = floor(|x|) the remainder |x| - f is exact, so f + floor(2 (|x| - f)) is roundf."""
+    a = x.abs()
+    f = torch.floor(a)
+    return torch.sign(x) * (f + torch.floor(2 * (a - f)))
 
 
 def quantise(w: Tensor, bits: int, block: int | None = None, scheme: str = "absmax",
@@ -87,3 +101,221 @@ def quantise(w: Tensor, bits: int, block: int | None = None, scheme: str = "absm
     values = (stored_d * q + stored_m).reshape(R, K)  # (R, K)
     extra = torch.finfo(scale_dtype).bits * (1 if scheme == "absmax" else 2)
     return Quantised(values, q, stored_d, stored_m, d / 2, bits + extra / n)
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp's GGUF block formats, to the byte
+# ---------------------------------------------------------------------------------------------
+
+BLOCK = 32  # weights per block in every format below (ggml's QK8_0, QK4_0, QK4_1)
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}  # float16 scale(s) + the codes
+GGUF_FORMATS = tuple(BLOCK_BYTES)
+FLOAT16_MAX = 65504.0  # the largest finite float16: a larger scale would be stored as inf
+
+
+def bits_per_weight(kind: str) -> float:
+    """Bits a weight costs in a GGUF block format: 8 * block bytes / 32 (Q4_1: 5.0)."""
+    _check_kind(kind)
+    return 8 * BLOCK_BYTES[kind] / BLOCK
+
+
+def _check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or kind not in BLOCK_BYTES:
+        raise ValueError(f"kind must be one of {GGUF_FORMATS}, got {kind!r}")
+    return kind
+
+
+def _reciprocal(d: Tensor) -> Tensor:
+    """1 / d, and 0 where d is 0 (a block of zeros: every code becomes the zero level)."""
+    return torch.where(d == 0, torch.zeros_like(d), 1 / d)
+
+
+def _as_blocks(w: Tensor, kind: str) -> Tensor:
+    """Check a tensor for a GGUF format and cut it into blocks: (..., K) -> (N, 32) float32."""
+    _check_kind(kind)
+    if not isinstance(w, Tensor):
+        raise TypeError(f"w must be a torch float tensor (..., K), got {type(w).__name__}")
+    if not w.is_floating_point():
+        raise TypeError(f"w must be a float tensor (float16/bfloat16/float32/float64), got "
+                        f"{w.dtype}")
+    if w.dim() == 0 or w.shape[-1] % BLOCK:
+        raise ValueError(f"{kind} stores blocks of {BLOCK} consecutive weights of a row: the "
+                         f"last dimension must be a positive multiple of {BLOCK}, got shape "
+                         f"{tuple(w.shape)}")
+    if w.shape[-1] == 0 or w.numel() == 0:
+        raise ValueError(f"w is empty (shape {tuple(w.shape)}): nothing to quantise")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"w holds NaN or infinite values: no {kind} scale can cover them")
+    return w.detach().to("cpu", torch.float32).reshape(-1, BLOCK)  # (N, 32)
+
+
+def _check_scales(kind: str, d: Tensor, *stored: Tensor) -> None:
+    """Refuse blocks whose float16 numbers would overflow to inf, or whose scale is so small
+    (below float32's normal range) that its reciprocal overflows: for these gguf's output
+    holds inf or is undefined, and no stored block can mean the weights."""
+    for name, x in (("scale", d),) + tuple(("minimum", m) for m in stored):
+        big = torch.isinf(x.to(torch.float16))  # beyond 65,504 (and its rounding range)
+        if bool(big.any()):
+            i = int(big.flatten().nonzero()[0])
+            raise ValueError(f"{kind} block {i} needs a float16 {name} of "
+                             f"{float(x.flatten()[i]):.4g}, beyond float16's largest "
+                             f"{FLOAT16_MAX:g}: the weights are too large for this format")
+    tiny = (d != 0) & torch.isinf(1 / d)
+    if bool(tiny.any()):
+        i = int(tiny.flatten().nonzero()[0])
+        raise ValueError(f"{kind} block {i} has a scale of {float(d.flatten()[i]):.4g}, below "
+                         f"float32's normal range (its reciprocal overflows): the weights "
+                         f"are too small for this format; scale them up")
+
+
+def _f16_bytes(x: Tensor) -> Tensor:
+    """(N, 1) float32 -> (N, 2) uint8: rounded to float16 (to nearest, ties to even),
+    little-endian as GGUF stores it."""
+    return x.to(torch.float16).view(torch.uint8)
+
+
+def _pack_nibbles(q: Tensor) -> Tensor:
+    """(N, 32) codes 0..15 -> (N, 16) bytes: byte i holds code i (low 4 bits) and code
+    i + 16 (high 4 bits), ggml's layout."""
+    q = q.to(torch.uint8)
+    return q[:, :BLOCK // 2] | (q[:, BLOCK // 2:] << 4)
+
+
+def _unpack_nibbles(qs: Tensor) -> Tensor:
+    """(N, 16) bytes -> (N, 32) codes 0..15, the inverse of _pack_nibbles."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+
+
+def gguf_quantise(w: Tensor, kind: str) -> Tensor:
+    """Quantise `w` (..., K), K a multiple of 32, to GGUF blocks: a uint8 tensor
+    (..., K // 32 * BLOCK_BYTES[kind]), the bytes `gguf.quants.quantize` writes.
+
+    Per block of 32 weights x (float32, llama.cpp's reference rounding):
+      Q8_0  d = max|x| / 127,        q = roundf(x / d) in [-127, 127]   bytes: d, 32 x int8
+      Q4_0  d = x[argmax|x|] / -8,   q = trunc(x / d + 8.5) in [0, 15]  bytes: d, 16 x 2 nibbles
+      Q4_1  d = (max x - min x) / 15, m = min x,
+                                     q = trunc((x - m) / d + 0.5) in [0, 15]
+                                                                    bytes: d, m, 16 x 2 nibbles
+    d and m are stored as float16; "/ d" is a product with the float32 1/d (0 if d = 0).
+    """
+    x = _as_blocks(w, kind)  # (N, 32)
+    if kind == "Q8_0":
+        d = x.abs().amax(dim=-1, keepdim=True) / 127  # (N, 1)
+        _check_scales(kind, d)
+        q = _round_half_away(x * _reciprocal(d)).to(torch.int8)  # (N, 32)
+        blocks = torch.cat([_f16_bytes(d), q.view(torch.uint8)], dim=-1)
+    elif kind == "Q4_0":
+        signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))  # (N, 1), the first
+        d = signed_max / -8  # the largest |x| maps to code 0, i.e. -8 after the offset
+        _check_scales(kind, d)
+        q = torch.trunc(x * _reciprocal(d) + 8.5).clamp(0, 15)  # (N, 32)
+        blocks = torch.cat([_f16_bytes(d), _pack_nibbles(q)], dim=-1)
+    else:  # Q4_1
+        low, high = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)  # (N, 1)
+        d = (high - low) / 15
+        _check_scales(kind, d, low)
+        q = torch.trunc((x - low) * _reciprocal(d) + 0.5).clamp(0, 15)  # (N, 32)
+        blocks = torch.cat([_f16_bytes(d), _f16_bytes(low), _pack_nibbles(q)], dim=-1)
+    K = w.shape[-1]
+    return blocks.reshape(*w.shape[:-1], K // BLOCK * BLOCK_BYTES[kind])
+
+
+def gguf_dequantise(blocks: Tensor, kind: str) -> Tensor:
+    """GGUF blocks (..., B * BLOCK_BYTES[kind]) uint8 -> the weights (..., B * 32) float32,
+    as `gguf.quants.dequantize` computes them: Q8_0 d q, Q4_0 d (q - 8), Q4_1 d q + m."""
+    _check_kind(kind)
+    size = BLOCK_BYTES[kind]
+    if not isinstance(blocks, Tensor) or blocks.dtype != torch.uint8:
+        raise TypeError(f"blocks must be a uint8 tensor of {kind} bytes, got "
+                        f"{getattr(blocks, 'dtype', type(blocks).__name__)}")
+    if blocks.dim() == 0 or blocks.shape[-1] == 0 or blocks.shape[-1] % size:
+        raise ValueError(f"a {kind} block is {size} bytes: the last dimension must be a "
+                         f"positive multiple of {size}, got shape {tuple(blocks.shape)}")
+    raw = blocks.to("cpu").contiguous().reshape(-1, size)  # (N, size)
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()  # (N, 1)
+    if kind == "Q8_0":
+        values = d * raw[:, 2:].contiguous().view(torch.int8).float()
+    elif kind == "Q4_0":
+        values = d * (_unpack_nibbles(raw[:, 2:]).to(torch.int8) - 8).float()
+    else:  # Q4_1
+        m = raw[:, 2:4].contiguous().view(torch.float16).float()  # (N, 1)
+        values = d * _unpack_nibbles(raw[:, 4:]).float() + m
+    return values.reshape(*blocks.shape[:-1], blocks.shape[-1] // size * BLOCK)
+
+
+def gguf_matmul(x: Tensor, blocks: Tensor, kind: str) -> Tensor:
+    """x @ W^T for a weight W (N, K) stored as GGUF blocks (N, K // 32 * bytes), by
+    dequantising W on the fly: (..., K) -> (..., N). Only the blocks stay in memory."""
+    return x @ gguf_dequantise(blocks, kind).T  # (..., K) @ (K, N) -> (..., N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-channel int8 (the page model's format) and an integer matmul
+# ---------------------------------------------------------------------------------------------
+
+
+def int8_per_channel(w: Tensor) -> tuple[Tensor, Tensor]:
+    """A matrix (R, K) as int8 codes (R, K) and one float32 scale per row (R,): the absmax
+    rule with a block a row, scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r) in
+    [-127, 127]; a row of zeros gets scale 1 and codes 0."""
+    rows = quantise(w, bits=8)  # one block a row; checks w
+    scale = rows.scale[:, 0, 0]  # (R,)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return rows.codes[:, 0, :].to(torch.int8), scale  # (R, K), (R,)
+
+
+def _check_int8(q: object, scale: object) -> None:
+    if not isinstance(q, Tensor) or q.dtype != torch.int8 or q.dim() != 2:
+        raise TypeError(f"q must be a 2-D int8 tensor (R, K), got "
+                        f"{getattr(q, 'dtype', type(q).__name__)} "
+                        f"{tuple(getattr(q, 'shape', ()))}")
+    if (not isinstance(scale, Tensor) or not scale.is_floating_point()
+            or tuple(scale.shape) != (q.shape[0],)):
+        raise ValueError(f"scale must be a float tensor of shape ({q.shape[0]},), one per row "
+                         f"of q, got {getattr(scale, 'dtype', type(scale).__name__)} "
+                         f"{tuple(getattr(scale, 'shape', ()))}")
+
+
+def int8_dequantise(q: Tensor, scale: Tensor) -> Tensor:
+    """int8 codes (R, K) and row scales (R,) -> float32 (R, K), q * scale rounded once."""
+    _check_int8(q, scale)
+    return q.float() * scale.float()[:, None]  # (R, K)
+
+
+def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """x @ W^T with W = int8_dequantise(q, scale), in integers: each row of x (T, K) is itself
+    rounded to int8 with its own scale s_t (absmax), the products are summed exactly in int32
+    by torch._int_mm, and y_tn = s_t * scale_n * sum_k qx_tk q_nk (T, N). The one error beyond
+    the weights' is the rounding of x (the LLM.int8 idea, without its outlier columns)."""
+    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise TypeError(f"x must be a 2-D float tensor (T, K), got "
+                        f"{getattr(x, 'shape', type(x).__name__)}")
+    _check_int8(q, scale)
+    if x.shape[1] != q.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns, the weight {q.shape[1]}: expected equal")
+    qx, sx = int8_per_channel(x)  # (T, K) int8, (T,)
+    acc = torch._int_mm(qx, q.T.contiguous())  # (T, K) @ (K, N) -> (T, N) int32, exact
+    return acc.float() * sx[:, None] * scale.float()[None, :]  # (T, N)
+
+
+def read_gguf_blocks(path: str | Path, names: Iterable[str]) -> dict[str, tuple[str, Tensor]]:
+    """Tensors of a GGUF file as they are stored, undecoded: name -> (kind, bytes), where
+    bytes is a uint8 tensor (out, in // 32 * BLOCK_BYTES[kind]) for the formats above."""
+    import gguf  # the file reader of the llama.cpp project
+
+    names = list(names)
+    reader = gguf.GGUFReader(Path(path))
+    stored = {t.name: t for t in reader.tensors}
+    missing = [name for name in names if name not in stored]
+    if missing:
+        raise ValueError(f"{path} has no tensors {missing}; it holds e.g. "
+                         f"{sorted(stored)[:3]}")
+    out = {}
+    for name in names:
+        t = stored[name]
+        kind = t.tensor_type.name
+        if kind not in BLOCK_BYTES:
+            raise ValueError(f"tensor {name!r} of {path} is {kind}, expected one of "
+                             f"{GGUF_FORMATS}")
+        out[name] = (kind, torch.from_numpy(np.array(t.data, dtype=np.uint8)))  # a copy
+    return out

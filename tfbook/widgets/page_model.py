@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from tfbook.models.gpt import GPT
-from tfbook.quantize import quantise as quantise_blocks
+from tfbook.quantize import int8_dequantise, int8_per_channel
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN
 
@@ -117,8 +117,9 @@ def _b64(array: np.ndarray) -> str:
 def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
     """One tensor as a payload entry {shape, dtype, data[, scale]}; vectors stay float32.
 
-    int8, per row r of a matrix: tfbook.quantize's absmax rule with one block a row,
-    scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r) (a row of zeros: scale 1, q 0).
+    int8, per row r of a matrix: tfbook.quantize.int8_per_channel, the absmax rule with one
+    block a row, scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r) (a row of zeros:
+    scale 1, q 0).
     """
     if not bool(torch.isfinite(weight).all()):
         raise ValueError(f"weight {name} holds NaN or infinite values: the page cannot run it")
@@ -133,11 +134,9 @@ def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
                              f"beyond float16's largest {FLOAT16_MAX:g}: use dtype 'float32'")
         entry["data"] = _b64(w.astype("<f2"))
     else:  # int8
-        rows = quantise_blocks(torch.from_numpy(w), bits=8)  # one block a row
-        scale = rows.scale[:, 0, 0].numpy()  # (rows,)
-        scale = np.where(scale > 0, scale, np.float32(1.0)).astype("<f4")
-        q = rows.codes[:, 0, :].numpy().astype("i1")  # (rows, cols), in [-127, 127]
-        entry["data"], entry["scale"] = _b64(q), _b64(scale)
+        q, scale = int8_per_channel(torch.from_numpy(w))  # (rows, cols) in [-127, 127], (rows,)
+        entry["data"] = _b64(q.numpy().astype("i1"))
+        entry["scale"] = _b64(scale.numpy().astype("<f4"))
     return entry
 
 
@@ -159,10 +158,12 @@ def dequantise(name: str, entry: dict[str, Any]) -> Tensor:
         stored = entry["dtype"]
         data = base64.b64decode(entry["data"], validate=True)
         kind = {"float32": "<f4", "float16": "<f2", "int8": "i1"}[stored]
-        values = np.frombuffer(data, dtype=kind).astype("<f4").reshape(shape)
+        values = np.frombuffer(data, dtype=kind).reshape(shape)
         if stored == "int8":
             scale = np.frombuffer(base64.b64decode(entry["scale"], validate=True), dtype="<f4")
-            values = values * scale.reshape(shape[0], 1)  # (rows, cols) float32
+            values = int8_dequantise(torch.from_numpy(values.copy()).reshape(shape[0], -1),
+                                     torch.from_numpy(scale.copy())).numpy().reshape(shape)
+        values = values.astype("<f4")
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"weight {name}: expected an entry {{shape, dtype in {DTYPES}, data"
                          f" (base64)[, scale]}} whose data fills the shape, got an error: "
