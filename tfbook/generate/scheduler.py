@@ -1,0 +1,277 @@
+"""Continuous batching: requests join and leave the batch at every step (Yu et al. 2022).
+
+Static batching pads a group of prompts to one length and decodes until the longest answer
+is done: a row whose answer ended early keeps its place (and its cache row) until then, and
+a new request waits for the whole group. Iteration-level scheduling (Orca, Yu et al. 2022)
+decides again before every forward pass; with a paged cache (vLLM, Kwon et al. 2023) a
+sequence holds only the blocks it has filled, so a finished one frees its memory at once.
+
+    every step    admit waiting requests (first come, first served) while the batch has room
+                  and the pool has the blocks of their prompts; if any were admitted, run
+                  their PREFILL (all of each prompt, one forward pass);
+                  otherwise run one DECODE step of every running sequence (one token each);
+                  greedy next token; a sequence with max_new_tokens tokens or an end token is
+                  retired and its blocks go back to the free list
+    out of blocks a decode step whose sequences need more blocks than are free PREEMPTS the
+                  most recently admitted sequence: its blocks are freed and it goes back to
+                  the front of the queue with the tokens it has; readmitted, it recomputes
+                  their keys and values in one prefill (vLLM's "recompute" preemption)
+
+Rows of different lengths share each forward pass: `PagedKVCache.begin_step` gives every row
+its own positions and a mask over its own keys. Decoding is greedy (the argmax), so every
+request gets the tokens one-by-one greedy `generate` gives it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from tfbook.cache import cache_bytes
+from tfbook.config import is_int
+from tfbook.generate.paged import PagedKVCache, blocks_needed, check_count
+from tfbook.generate.sampling import greedy
+from tfbook.generate.search import (
+    as_prompt_ids,
+    check_model,
+    check_request,
+    generate,
+    model_vocab_size,
+)
+
+
+@dataclass
+class Request:
+    """One prompt to continue, and what has been generated for it so far."""
+
+    id: Hashable
+    prompt: list[int]
+    max_new_tokens: int
+    arrival: int = 0  # the first step at which it may be admitted
+    output: list[int] = field(default_factory=list)  # the new tokens so far
+    preemptions: int = 0  # times its blocks were taken back
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and new tokens: what the cache must hold before the next token."""
+        return self.prompt + self.output
+
+
+@dataclass
+class StepRecord:
+    """What one step did, for the figures: who ran, which blocks each sequence held after."""
+
+    step: int
+    kind: str  # "prefill" or "decode" (or "idle": nothing had arrived yet)
+    rows: list[tuple[Hashable, int]]  # (request, new tokens fed) per row of the forward pass
+    padded_tokens: int  # B x T: token positions the forward pass computed, padding included
+    tables: dict[Hashable, list[int]]  # block table of every running sequence after the step
+    lengths: dict[Hashable, int]  # positions each one has stored
+    finished: list[Hashable]  # retired at this step (their blocks are free again)
+    preempted: list[Hashable]  # sent back to the queue before this step
+    used_blocks: int  # blocks held after the step
+    used_bytes: int  # their bytes (keys and values, all layers)
+
+
+class ContinuousBatcher:
+    """Greedy generation for many requests with continuous batching on a `PagedKVCache`."""
+
+    def __init__(
+        self, model: nn.Module, num_blocks: int, block_size: int, max_batch: int = 8,
+        end_ids: int | Sequence[int] = (), pad_id: int = 0,
+    ) -> None:
+        check_model(model, None, True, "ContinuousBatcher")
+        self.model = model
+        self.vocab_size = model_vocab_size(model)
+        self.max_batch = check_count("max_batch", max_batch)
+        self.end_ids = [end_ids] if is_int(end_ids) else list(end_ids)
+        check_request(1, 1, model.config.max_len, self.end_ids, self.vocab_size)
+        if not is_int(pad_id) or not 0 <= pad_id < self.vocab_size:
+            raise ValueError(f"pad_id must be an int in [0, {self.vocab_size}), got {pad_id!r}")
+        self.pad_id = int(pad_id)
+        self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
+        self.requests: dict[Hashable, Request] = {}
+        self.waiting: deque[Request] = deque()  # admitted in this order
+        self.running: list[Request] = []  # in the order they were admitted
+        self.history: list[StepRecord] = []
+        self.now = 0  # steps taken
+
+    def submit(
+        self, prompt: Sequence[int] | Tensor, max_new_tokens: int,
+        request_id: Hashable | None = None, arrival: int = 0,
+    ) -> Hashable:
+        """Queue a request (refused at once if it could never be served) -> its id."""
+        row = len(self.requests)
+        ids = as_prompt_ids(prompt, row)
+        if not ids:
+            raise ValueError(f"every prompt must hold at least one token, got an empty prompt "
+                             f"(request {row})")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids must lie in [0, V={self.vocab_size}), got {bad[0]}")
+        check_request(len(ids), max_new_tokens, self.model.config.max_len, self.end_ids,
+                      self.vocab_size)
+        capacity = self.cache.num_blocks * self.cache.block_size
+        if len(ids) + max_new_tokens > capacity:
+            raise ValueError(
+                f"a prompt of {len(ids)} tokens plus max_new_tokens={max_new_tokens} needs "
+                f"{len(ids) + max_new_tokens} positions, more than the whole pool holds "
+                f"({self.cache.num_blocks} blocks x {self.cache.block_size} = {capacity})")
+        if not is_int(arrival) or arrival < 0:
+            raise ValueError(f"arrival must be a step number >= 0, got {arrival!r}")
+        request_id = row if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already taken")
+        request = Request(request_id, ids, max_new_tokens, int(arrival))
+        self.requests[request_id] = request
+        self.waiting.append(request)
+        return request_id
+
+    @property
+    def done(self) -> bool:
+        """No request waits or runs."""
+        return not self.waiting and not self.running
+
+    def _admit(self) -> list[Request]:
+        """Waiting requests that have arrived, in order, while batch and pool have room."""
+        admitted, free = [], self.cache.allocator.num_free
+        for request in list(self.waiting):
+            if request.arrival > self.now:
+                continue  # not here yet; later arrivals may be
+            need = blocks_needed(len(request.tokens), self.cache.block_size)
+            if len(self.running) + len(admitted) >= self.max_batch or need > free:
+                break  # first come, first served: nobody overtakes the head of the queue
+            free -= need
+            admitted.append(request)
+            self.waiting.remove(request)
+        return admitted
+
+    def _preempt_for_decode(self) -> list[Hashable]:
+        """Free the newest sequences until every running one has room for one more token."""
+        alloc, preempted = self.cache.allocator, []
+        while sum(alloc.extra_blocks(r.id, 1) for r in self.running) > alloc.num_free:
+            victim = self.running.pop()  # the most recently admitted
+            alloc.release(victim.id)
+            victim.preemptions += 1
+            self.waiting.appendleft(victim)  # first in line again, with the tokens it has
+            preempted.append(victim.id)
+        return preempted
+
+    @torch.no_grad()
+    def step(self) -> StepRecord:
+        """One forward pass: a prefill of newly admitted requests, or a decode step."""
+        if self.done:
+            raise RuntimeError("no request waits or runs: submit one first")
+        alloc, preempted = self.cache.allocator, []
+        admitted = self._admit()
+        if admitted:
+            batch, kind = admitted, "prefill"
+            for request in admitted:
+                alloc.add(request.id)
+            rows = [(r.id, len(r.tokens)) for r in admitted]  # every known token
+        elif self.running:
+            preempted = self._preempt_for_decode()
+            batch, kind = list(self.running), "decode"
+            rows = [(r.id, 1) for r in batch]  # the last token, not yet in the cache
+        else:  # nothing has arrived yet
+            self.now += 1
+            return self._record("idle", [], 0, [], preempted)
+        positions, mask = self.cache.begin_step(rows)
+        B, T = positions.size()
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        for b, (request, (_, n)) in enumerate(zip(batch, rows)):
+            ids[b, T - n:] = torch.tensor(request.tokens[-n:])  # left-padded
+        try:
+            out = self.model(ids.to(positions.device), positions=positions,
+                             attention_mask=mask, cache=self.cache, last_only=True)
+        except BaseException:
+            self.cache.cancel_step()
+            raise
+        self.cache.end_step()
+        tokens = greedy(out.logits[:, -1]).tolist()  # (B,): every row's last column is real
+        if kind == "prefill":
+            self.running += admitted
+        finished = []
+        for request, token in zip(batch, tokens):
+            request.output.append(token)
+            if len(request.output) == request.max_new_tokens or token in self.end_ids:
+                self.running.remove(request)
+                alloc.release(request.id)
+                finished.append(request.id)
+        self.now += 1
+        return self._record(kind, rows, B * T, finished, preempted)
+
+    def _record(self, kind: str, rows: list, padded: int, finished: list,
+                preempted: list) -> StepRecord:
+        alloc = self.cache.allocator
+        record = StepRecord(
+            step=self.now - 1, kind=kind, rows=rows, padded_tokens=padded,
+            tables={seq: list(t) for seq, t in alloc.tables.items()},
+            lengths=dict(alloc.lengths), finished=finished, preempted=preempted,
+            used_blocks=alloc.num_used, used_bytes=self.cache.memory_bytes())
+        self.history.append(record)
+        return record
+
+    def run(self) -> dict[Hashable, list[int]]:
+        """Step until every request is done -> its new tokens, by request id."""
+        while not self.done:
+            self.step()
+        return {rid: list(r.output) for rid, r in self.requests.items()}
+
+
+def generate_paged(
+    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+    num_blocks: int, block_size: int = 16, max_batch: int = 8,
+    end_ids: int | Sequence[int] = (),
+) -> list[list[int]]:
+    """Greedy continuations of `prompts` by continuous batching -> new tokens per prompt."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of lists of int ids, got "
+                        f"{type(prompts).__name__}")
+    budgets = ([max_new_tokens] * len(prompts) if is_int(max_new_tokens)
+               else list(max_new_tokens))
+    if len(budgets) != len(prompts):
+        raise ValueError(f"one max_new_tokens per prompt: {len(prompts)} prompts, "
+                         f"{len(budgets)} budgets")
+    batcher = ContinuousBatcher(model, num_blocks, block_size, max_batch, end_ids)
+    ids = [batcher.submit(p, n) for p, n in zip(prompts, budgets)]
+    outputs = batcher.run()
+    return [outputs[i] for i in ids]
+
+
+@torch.no_grad()
+def generate_static(
+    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
+    batch_size: int, end_ids: int | Sequence[int] = (),
+) -> tuple[list[list[int]], int]:
+    """Static batching, the baseline: groups of `batch_size` in order, left-padded, each group
+    decoded until its longest request is done -> new tokens per prompt, and the token positions
+    the forward passes computed (B x T per step, padding and finished rows included)."""
+    check_count("batch_size", batch_size)
+    outputs, computed = [], 0
+    for first in range(0, len(prompts), batch_size):
+        group = [list(p) for p in prompts[first:first + batch_size]]
+        budgets = list(max_new_tokens[first:first + batch_size])
+        result = generate(model, group, max(budgets), end_ids=end_ids)
+        B, T = len(group), result.prompt_length
+        N = result.new_tokens.size(1)
+        computed += B * (T + N - 1)  # the prefill (T columns), then N - 1 one-token steps
+        for row, n in enumerate(budgets):
+            new = result.new_tokens[row, :n].tolist()
+            ends = [i for i, t in enumerate(new) if t in ([end_ids] if is_int(end_ids)
+                                                           else list(end_ids))]
+            outputs.append(new[:ends[0] + 1] if ends else new)
+    return outputs, computed
+
+
+def contiguous_bytes(model: nn.Module, batch_size: int, positions: int) -> int:
+    """Bytes of a contiguous cache of `batch_size` rows of `positions` positions (keys and
+    values, all layers) for `model`: what static batching holds for a group."""
+    config = model.config
+    weight = next(model.parameters())
+    return cache_bytes(config.n_layers, config.n_kv_heads or config.n_heads, config.head_size,
+                       positions, weight.element_size(), batch_size)
