@@ -1,7 +1,7 @@
 """Train the training chapter's small GPT on the default corpus and cache the run.
 
 The same code as the chapter's live run (tfbook.train.corpus_lm: corpus_setup, gpt_config,
-train_config, window_sampler; tfbook.train.loop.train), only longer:
+train_config; tfbook.train.data.window_sampler; tfbook.train.loop.train), only longer:
 
     main        3,000 steps, seed 0, validation every 150 steps, a sample at each evaluation
     ablations   1,500 steps each: the baseline with seeds 0 and 1 (how much the seed alone
@@ -36,17 +36,18 @@ import torch
 from tfbook.models.gpt import GPT
 from tfbook.train.checkpoint import save_checkpoint
 from tfbook.train.corpus_lm import (
+    BATCH_SIZE,
     COMPRESSORS,
+    CONTEXT,
     CorpusSplit,
     compressed_bits_per_byte,
     corpus_setup,
-    eval_windows,
     gpt_config,
     sample,
     train_config,
     unigram_loss,
-    window_sampler,
 )
+from tfbook.train.data import eval_windows, window_sampler
 from tfbook.train.loop import History, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,8 +95,8 @@ def run(data: CorpusSplit, steps: int, seed: int = 0, dropout: float = 0.0,
             samples[step] = sample(model, data.tokenizer)
 
     cpu = time.process_time()
-    history = train(model, window_sampler(data.train_ids), config,
-                    eval_batches=eval_windows(data.val_ids), on_eval=on_eval)
+    history = train(model, window_sampler(data.train_ids, BATCH_SIZE, CONTEXT), config,
+                    eval_batches=eval_windows(data.val_ids, 64, CONTEXT), on_eval=on_eval)
     cpu = time.process_time() - cpu
     final = history.eval_loss[-1]
     print(f"  {steps} steps, seed {seed}, dropout {dropout}, smoothing {label_smoothing}: "

@@ -17,15 +17,14 @@ from tfbook.train.corpus_lm import (
     compressed_bits_per_byte,
     conditional_bits_per_byte,
     corpus_setup,
-    eval_windows,
     gpt_config,
     sample,
     split_at_line,
     train_config,
     unigram_loss,
     unigram_probs,
-    window_sampler,
 )
+from tfbook.train.data import eval_windows, window_sampler
 from tfbook.train.loop import train
 
 SMALL = 40_000  # bytes of corpus for the quick tests
@@ -188,23 +187,23 @@ def test_bad_input(data):
     with pytest.raises(ValueError, match=r"method must be one of \('gzip', 'xz'\), got 'zip'"):
         compressed_bits_per_byte("text", "zip")
     with pytest.raises(ValueError, match="too short for windows of T \\+ 1 = 65"):
-        window_sampler(torch.arange(10))
+        window_sampler(torch.arange(10), 16, 64)
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
-        window_sampler(data.train_ids, batch_size=0)
+        window_sampler(data.train_ids, batch_size=0, T=64)
     with pytest.raises(ValueError, match="T must be a positive int, got 0"):
-        window_sampler(data.train_ids, T=0)
+        window_sampler(data.train_ids, 16, T=0)
     with pytest.raises(TypeError, match="1-D integer tensor"):
-        window_sampler(data.train_ids.float())
+        window_sampler(data.train_ids.float(), 16, 64)
     with pytest.raises(ValueError, match="T must be a positive int, got -2"):
-        eval_windows(data.val_ids, T=-2)
+        eval_windows(data.val_ids, 64, T=-2)
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
-        eval_windows(data.val_ids, batch_size=0)
+        eval_windows(data.val_ids, batch_size=0, T=64)
     with pytest.raises(ValueError, match="context must be a non-empty str, got bytes"):
         conditional_bits_per_byte(b"abc", "text", "xz")
     with pytest.raises(ValueError, match="text must be a non-empty str, got str ''"):
         conditional_bits_per_byte("abc", "", "xz")
     with pytest.raises(ValueError, match="max_windows must be a positive int or None"):
-        eval_windows(data.val_ids, max_windows=0)
+        eval_windows(data.val_ids, 64, 64, max_windows=0)
     with pytest.raises(ValueError, match="warmup_fraction must lie in"):
         train_config(100, warmup_fraction=2)
     with pytest.raises(ValueError, match="steps must be a positive int, got 0"):

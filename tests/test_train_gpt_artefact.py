@@ -13,12 +13,14 @@ from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.train.checkpoint import load_checkpoint
 from tfbook.train.corpus_lm import (
+    BATCH_SIZE,
+    CONTEXT,
     corpus_setup,
     gpt_config,
     load_trained_gpt,
     train_config,
-    window_sampler,
 )
+from tfbook.train.data import window_sampler
 from tfbook.train.loop import History, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +69,8 @@ def test_the_same_code_retraces_the_first_steps(run):
     torch.manual_seed(0)
     model = GPT(gpt_config(data.vocab_size))
     config = train_config(run["main"]["config"]["steps"], eval_every=150)
-    history = train(model, window_sampler(data.train_ids), config, stop_at=15, progress=False)
+    history = train(model, window_sampler(data.train_ids, BATCH_SIZE, CONTEXT), config,
+                    stop_at=15, progress=False)
     assert history.loss == pytest.approx(run["main"]["history"]["loss"][:15], abs=2e-4)
 
 

@@ -8,7 +8,8 @@ so both train the same model on the same tokens:
                        and validation
     gpt_config()       2 layers x 64 wide x 4 heads, context T = 64, V from the tokenizer
     train_config()     AdamW (0.9, 0.99), wd 0.1, clip 1.0, 5% warmup + cosine to 0.1x, lr 3e-3
-    window_sampler()   next_batch(generator) -> random (B, T) windows of the train stream
+    BATCH_SIZE, CONTEXT  B = 16 windows of T = 64 tokens a step (tfbook.train.data's
+                       window_sampler and eval_windows cut them)
 
 and the yardsticks a loss is held against, all on the validation text:
 
@@ -26,7 +27,6 @@ from __future__ import annotations
 import gzip
 import lzma
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.train.checkpoint import load_checkpoint
-from tfbook.train.data import check_sizes, check_stream, random_windows, sequential_windows
 from tfbook.train.loop import TrainConfig
 
 VAL_FRACTION = 0.1  # the last tenth of the corpus (cut at a line break) is held out
@@ -152,40 +151,6 @@ def train_config(steps: int, warmup_fraction: float = 0.05, **changes: Any) -> T
     recipe = dict(steps=steps, lr=3e-3, schedule="cosine", warmup=round(warmup_fraction * steps),
                   min_lr_ratio=0.1, weight_decay=0.1, betas=(0.9, 0.99), clip=1.0)
     return TrainConfig(**(recipe | changes))
-
-
-def window_sampler(
-    ids: Tensor, batch_size: int = BATCH_SIZE, T: int = CONTEXT,
-) -> Callable[[torch.Generator], tuple[Tensor, Tensor]]:
-    """next_batch for `train`: B random windows x (B, T) and their targets y (B, T)."""
-    check_stream(ids)
-    check_sizes(batch_size=batch_size, T=T)
-    if len(ids) < T + 1:  # fail here, not at the first step of a run
-        raise ValueError(f"a stream of {len(ids)} tokens is too short for windows of "
-                         f"T + 1 = {T + 1}")
-
-    def next_batch(generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        return random_windows(ids, batch_size, T, generator)
-
-    return next_batch
-
-
-def eval_windows(ids: Tensor, batch_size: int = 64, T: int = CONTEXT,
-                 max_windows: int | None = None) -> list[tuple[Tensor, Tensor]]:
-    """Consecutive (x, y) windows covering the stream once: the fixed set a validation loss
-    averages over. With `max_windows`, that many of them, evenly spread over the stream (a
-    quicker estimate that still samples all of the text)."""
-    batches = sequential_windows(ids, batch_size, T)
-    if max_windows is None:
-        return batches
-    if not is_int(max_windows) or max_windows < 1:
-        raise ValueError(f"max_windows must be a positive int or None, got {max_windows!r}")
-    x = torch.cat([b[0] for b in batches])  # (n, T), every window
-    y = torch.cat([b[1] for b in batches])  # (n, T)
-    n = len(x)
-    keep = torch.linspace(0, n - 1, min(max_windows, n)).round().long()  # (max_windows,)
-    x, y = x[keep], y[keep]
-    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(x), batch_size)]
 
 
 def sample(

@@ -10,7 +10,7 @@ Shape legend: B batch, T window length, S source length, N stream length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -80,6 +80,40 @@ def sequential_windows(ids: Tensor, batch_size: int, T: int) -> list[tuple[Tenso
     x = ids[: n * T].view(n, T)  # (n, T)
     y = ids[1 : n * T + 1].view(n, T)  # (n, T)
     return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, n, batch_size)]
+
+
+def window_sampler(
+    ids: Tensor, batch_size: int, T: int,
+) -> Callable[[torch.Generator], tuple[Tensor, Tensor]]:
+    """next_batch for `train`: B random windows x (B, T) and their targets y (B, T)."""
+    check_stream(ids)
+    check_sizes(batch_size=batch_size, T=T)
+    if len(ids) < T + 1:  # fail here, not at the first step of a run
+        raise ValueError(f"a stream of {len(ids)} tokens is too short for windows of "
+                         f"T + 1 = {T + 1}")
+
+    def next_batch(generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return random_windows(ids, batch_size, T, generator)
+
+    return next_batch
+
+
+def eval_windows(ids: Tensor, batch_size: int, T: int,
+                 max_windows: int | None = None) -> list[tuple[Tensor, Tensor]]:
+    """Consecutive (x, y) windows covering the stream once: the fixed set a validation loss
+    averages over. With `max_windows`, that many of them, evenly spread over the stream (a
+    quicker estimate that still samples all of the text)."""
+    batches = sequential_windows(ids, batch_size, T)
+    if max_windows is None:
+        return batches
+    if not is_int(max_windows) or max_windows < 1:
+        raise ValueError(f"max_windows must be a positive int or None, got {max_windows!r}")
+    x = torch.cat([b[0] for b in batches])  # (n, T), every window
+    y = torch.cat([b[1] for b in batches])  # (n, T)
+    n = len(x)
+    keep = torch.linspace(0, n - 1, min(max_windows, n)).round().long()  # (max_windows,)
+    x, y = x[keep], y[keep]
+    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(x), batch_size)]
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:

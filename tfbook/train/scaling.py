@@ -32,8 +32,7 @@ from tfbook.config import is_int
 from tfbook.corpus import stdlib_corpus
 from tfbook.models.gpt import GPT, GPTConfig, gpt_on_meta
 from tfbook.models.params import count_parameters, decoder_forward_flops
-from tfbook.train.corpus_lm import eval_windows, window_sampler
-from tfbook.train.data import split_stream
+from tfbook.train.data import eval_windows, split_stream, window_sampler
 from tfbook.train.loop import TrainConfig, evaluate, train
 
 # ---------------------------------------------------------------------------------------------
