@@ -236,3 +236,75 @@ def test_live_in_jupyterlab_python_answers_clicks_and_text(browser, lab) -> None
     assert widget.locator("b").count() == 0  # the text stayed text
     page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
     page.close()
+
+
+# Every text of the diagram as a rectangle in page pixels, with the box it belongs to; the
+# rectangles of the tensor panel and of the diagram's scrolling box; the page's width.
+LAYOUT_JS = """(r) => {
+  const rect = (e) => { const b = e.getBoundingClientRect();
+                        return {left: b.left, right: b.right, top: b.top, bottom: b.bottom}; };
+  const texts = [...r.querySelectorAll('.tfw-diagram g.tfw-box')].flatMap((g) => {
+    const frame = g.querySelector('rect:not(.tfw-hit)');
+    return [...g.querySelectorAll('text')].map((t) => ({key: g.dataset.key, text: t.textContent,
+      shape: t.classList.contains('tfw-shape'), box: frame ? rect(frame) : null, ...rect(t)}));
+  });
+  return {texts, diagram: rect(r.querySelector('.tfw-diagram')),
+          panel: rect(r.querySelector('.tfw-panel')), widget: [r.scrollWidth, r.clientWidth],
+          page: document.documentElement.scrollWidth};
+}"""
+
+
+def overlapping(texts: list[dict]) -> list[tuple[str, str]]:
+    """The pairs of diagram texts whose rectangles overlap (by more than half a pixel)."""
+    pairs = []
+    for i, a in enumerate(texts):
+        for b in texts[i + 1:]:
+            if (min(a["right"], b["right"]) - max(a["left"], b["left"]) > 0.5
+                    and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 0.5):
+                pairs.append((f"{a['key']}: {a['text']}", f"{b['key']}: {b['text']}"))
+    return pairs
+
+
+def test_labels_never_overlap_and_the_panel_goes_below_on_a_phone(browser, trained,
+                                                                  tmp_path: Path) -> None:
+    """At 390 px (a phone) and 1280 px (the book's 688 px column), with a 64-token sentence
+    (the longest shape labels): no two texts of the diagram overlap, every shape label stays
+    inside its box, nothing widens the page; the tensor panel sits beside the diagram in the
+    book's column and below it on the phone."""
+    model, tokenizer = trained
+    widget = ModelExplorer.from_page_model(model, tokenizer, sentence_of(tokenizer, 64),
+                                           dtype="float16", box="blocks.0.attn.q")
+    with static_widget(browser, widget, ASSETS, tmp_path) as (page, root, log):
+        first_draw(root)
+        page.evaluate("document.fonts.ready.then(() => true)")
+        assert len(root.evaluate(RUN_JS)["ids"]) == 64
+        for width, column in [(390, None), (1280, 688)]:
+            page.set_viewport_size({"width": width, "height": 900})
+            # the book's column at 1280 px is 688 px wide: the widget gets that much room
+            page.evaluate("(c) => { document.body.style.maxWidth = c ? c + 'px' : ''; }", column)
+            page.wait_for_function("(w) => document.documentElement.clientWidth === w", arg=width)
+            layout = root.evaluate(LAYOUT_JS)
+            texts = layout["texts"]
+            shapes = [t for t in texts if t["shape"]]
+            assert len(shapes) == sum(b["kind"] != "stream" for b in widget.diagram["boxes"])
+            assert not overlapping(texts), (width, overlapping(texts))
+            for t in shapes:  # inside its box, with a pixel to spare on each side
+                assert t["left"] >= t["box"]["left"] + 1 and t["right"] <= t["box"]["right"] - 1, (
+                    width, t)
+            assert layout["page"] <= width, f"the page scrolls sideways at {width} px: {layout}"
+            assert layout["widget"][0] <= layout["widget"][1] + 1, (width, layout["widget"])
+            diagram, panel = layout["diagram"], layout["panel"]
+            if column:  # beside: to the right of the diagram, their tops level
+                assert panel["left"] >= diagram["right"] and abs(panel["top"] - diagram["top"]) < 2
+            else:  # below the diagram
+                assert panel["top"] >= diagram["bottom"]
+                assert panel["right"] <= width
+            labels = {}  # a box's first text: its name (a stream's shape is its third)
+            for t in texts:
+                if t["text"] != "+":
+                    labels.setdefault(t["key"], t["text"])
+            assert labels["embed"] == "x⁽⁰⁾ = embedding + position"
+            assert labels["blocks.1.resid2"] == "x⁽²⁾ = … + block 1's FFN"
+        ticks = root.locator(".tfw-norms text").all_text_contents()
+        assert ticks[:5] == ["x⁽⁰⁾", "x⁽⁰⁾+a", "x⁽¹⁾", "x⁽¹⁾+a", "x⁽²⁾"]
+    assert not (log.page_errors or log.console_errors), log

@@ -20,6 +20,7 @@ from tfbook.widgets.explorer import (
     explorer_layout,
     sizes,
     stream_keys,
+    stream_label,
     stream_norms,
     top_next_tokens,
     trace_decoder,
@@ -132,6 +133,25 @@ def test_layout_follows_the_config() -> None:
         assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
 
 
+def test_labels_follow_the_books_notation_and_fit_their_boxes() -> None:
+    """x_t is a position's vector in the book, so the stream's states carry a superscript:
+    x^(l) enters block l (blocks counted from 0, as the keys count them)."""
+    assert [stream_label(p) for p in range(5)] == ["x⁽⁰⁾", "x⁽⁰⁾+a", "x⁽¹⁾", "x⁽¹⁾+a", "x⁽²⁾"]
+    assert stream_label(24) == "x⁽¹²⁾"
+    for config in (GPTConfig.tiny(), replace(GPTConfig.tiny(), max_len=8192, d_model=256)):
+        layout = explorer_layout(config)
+        labels = {b["key"]: b["label"] for b in layout["boxes"]}
+        assert labels["embed"] == "x⁽⁰⁾ = embedding + position"
+        assert labels["blocks.1.resid1"] == "x⁽¹⁾ + block 1's attention"
+        assert labels["blocks.1.resid2"] == "x⁽²⁾ = … + block 1's FFN"
+        assert not any("₀" in label for label in labels.values())
+        n = layout["sizes"]
+        widest = len(f"({n['T_max']}, {n['D']})")  # the q, k, v label at the longest text
+        for b in layout["boxes"]:
+            if b["kind"] == "head":  # 0.6 em a character at 10 px: room for the longest label
+                assert b["w"] >= 6 * widest, (b, widest)
+
+
 def test_python_fed_widget_sends_the_selected_box_and_hostile_text_stays_text() -> None:
     model = gpt()
     w = ModelExplorer.from_model(model, BYTES, HOSTILE, box="blocks.0.ff.hidden")
@@ -191,3 +211,5 @@ def test_bad_input_is_refused() -> None:
         ModelExplorer.from_page_model(model, BYTES, "hi", dtype="bfloat16")
     with pytest.raises(ValueError, match="the page runs GPTs"):
         ModelExplorer.from_page_model(llama(), BYTES, "hi")
+    with pytest.raises(ValueError, match=r"state must be an int >= 0 \(0 is the embedding\), got -1"):
+        stream_label(-1)

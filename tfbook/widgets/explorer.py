@@ -8,7 +8,7 @@
 Every box of the diagram names a tensor of one forward pass (B = 1), keyed as the page keys
 it (static/gpt.js's `record` hook uses the same names):
 
-    tok_emb, pos_emb, embed                      (T, C)  E[id], P[t], their sum x_0
+    tok_emb, pos_emb, embed                      (T, C)  E[id], P[t], their sum x^(0)
     blocks.i.norm1, .attn.q, .attn.k, .attn.v    (T, C)  (k, v: (T, H_kv D)); one head shown
     blocks.i.attn.weights                        (H, T, T) softmax(q k^T / sqrt(D)), causal
     blocks.i.attn, blocks.i.resid1               (T, C)  attention output, x + attention
@@ -19,6 +19,10 @@ it (static/gpt.js's `record` hook uses the same names):
 A Llama-style model has no pos_emb box (RoPE acts inside attention: its q and k boxes show
 the projections before the rotation). Shape legend: T tokens, C width, H heads, D = C / H,
 F feed-forward width, V vocabulary, L blocks.
+
+Notation as in the book: x_t is the stream's vector at position t, so the stream's states
+are named by a superscript, x^(l) the stream entering block l (blocks counted from 0 as in
+the code's keys): x^(0) the embedding, x^(l+1) the stream after block l.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import traitlets
 from torch import Tensor
 
+from tfbook.diagrams.svg import text_width
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.base import Tokenizer
 from tfbook.widgets.base import Widget, _text_to_page, bundle, check_typed, page_text
@@ -64,7 +69,28 @@ BOX_HEIGHT = 34
 ROW_GAP = 14
 STREAM_X = 16  # the residual stream: a vertical line the sub-layers add to
 GAP = 6  # between boxes (2 between q, k and v: one group)
-WIDTHS = {"norm": 50, "head": 40, "weights": 56, "linear": 66, "hidden": 100}
+WIDTHS = {"norm": 50, "head": 40, "weights": 56, "linear": 56, "hidden": 100}
+SHAPE_FONT = 10  # px, the shape labels (explorer.js's .tfw-shape)
+
+
+def superscript(n: int) -> str:
+    """x^(n) as text: superscript digits in parentheses, e.g. 12 -> '⁽¹²⁾'."""
+    return "⁽" + str(n).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")) + "⁾"
+
+
+def stream_label(state: int) -> str:
+    """The name of the stream's state number `state` (0 .. 2L) in the book's notation:
+    x⁽⁰⁾ the embedding, x⁽ˡ⁾+a after block l's attention, x⁽ˡ⁺¹⁾ after its FFN (as the
+    page's chart names them)."""
+    if isinstance(state, bool) or not isinstance(state, int) or state < 0:
+        raise ValueError(f"state must be an int >= 0 (0 is the embedding), got {state!r}")
+    return "x" + superscript(state // 2) + ("+a" if state % 2 else "")
+
+
+def head_width(n: dict[str, int]) -> int:
+    """The q, k, v boxes' width: their longest shape label, (T_max, D), with room to spare
+    (a generous estimate of the text's width, so that labels never reach the box's edge)."""
+    return max(WIDTHS["head"], int(text_width(f"({n['T_max']}, {n['D']})", SHAPE_FONT)) + 4)
 
 
 def _check_decoder(model: object) -> GPT:
@@ -109,8 +135,9 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
         edges.append(["pos_emb", "embed"])
     edges.append(["tok_emb", "embed"])
     y += BOX_HEIGHT + ROW_GAP
-    box("embed", "x₀ = embedding" + (" + position" if learned else ""), ("T", "C"), "stream",
-        STREAM_X - 12, y, 24)
+    box("embed", "x⁽⁰⁾ = embedding" + (" + position" if learned else ""), ("T", "C"),
+        "stream", STREAM_X - 12, y, 24)
+    widths = {**WIDTHS, "head": head_width(n)}
     y += BOX_HEIGHT + ROW_GAP
     for layer in range(config.n_layers):
         for row, resid in ((ATTENTION_ROW, "resid1"), (FFN_ROW, "resid2")):
@@ -118,17 +145,18 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
             previous = None
             for suffix, label, shape, kind in row:
                 key = f"blocks.{layer}.{suffix}"
-                box(key, label, shape, kind, x, y, WIDTHS[kind], layer)
+                box(key, label, shape, kind, x, y, widths[kind], layer)
                 if previous and suffix not in ("attn.k", "attn.v"):
                     edges.append([previous, key])
                 if suffix not in ("attn.q", "attn.k"):
                     previous = key
-                x += WIDTHS[kind] + (2 if suffix in ("attn.q", "attn.k") else GAP)
+                x += widths[kind] + (2 if suffix in ("attn.q", "attn.k") else GAP)
             edges.append([previous, f"blocks.{layer}.{resid}"])
             y += BOX_HEIGHT + 4
-            box(f"blocks.{layer}.{resid}", f"block {layer + 1} + " + (
-                "attention" if resid == "resid1" else "FFN"), ("T", "C"), "stream",
-                STREAM_X - 12, y, 24, layer)
+            label = (f"x{superscript(layer)} + block {layer}'s attention" if resid == "resid1"
+                     else f"x{superscript(layer + 1)} = … + block {layer}'s FFN")
+            box(f"blocks.{layer}.{resid}", label, ("T", "C"), "stream", STREAM_X - 12, y, 24,
+                layer)
             y += BOX_HEIGHT + ROW_GAP
     x = STREAM_X + 24
     box("norm_f", "final norm", ("T", "C"), "norm", x, y, 72)
@@ -140,7 +168,7 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
 
 
 def stream_keys(n_layers: int) -> list[str]:
-    """The residual stream's states in order: x_0, then after each sub-layer's addition."""
+    """The residual stream's states in order: x^(0), then after each sub-layer's addition."""
     keys = ["embed"]
     for layer in range(n_layers):
         keys += [f"blocks.{layer}.resid1", f"blocks.{layer}.resid2"]
@@ -182,7 +210,7 @@ def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
     if model.pos_emb is not None:
         hooks.append((model.pos_emb, positions_hook))
     else:
-        hooks.append((model.tok_emb, after("embed")))  # RoPE: x_0 is the embedding
+        hooks.append((model.tok_emb, after("embed")))  # RoPE: x^(0) is the embedding
     for i, block in enumerate(model.blocks):
         p = f"blocks.{i}."
         attn = block.attn
@@ -372,5 +400,5 @@ class ModelExplorer(Widget):
                       "data": data}
 
 
-__all__ = ["ModelExplorer", "cut_note", "explorer_layout", "stream_norms", "top_next_tokens",
-           "trace_decoder", "sizes", "stream_keys"]
+__all__ = ["ModelExplorer", "cut_note", "explorer_layout", "stream_label", "stream_norms",
+           "top_next_tokens", "trace_decoder", "sizes", "stream_keys"]

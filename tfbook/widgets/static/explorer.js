@@ -18,7 +18,9 @@ const EXPLORER_STYLE = `
 .tfw-explorer .tfw-scroll { overflow-x: auto; max-width: 100%; }
 .tfw-explorer .tfw-diagram { max-height: 560px; overflow-y: auto; flex: 0 1 auto; }
 .tfw-explorer .tfw-body { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
-.tfw-explorer .tfw-panel { flex: 1 1 300px; min-width: 0; }
+/* beside the diagram when the column holds both (the book's 688 px column does), below it
+   when it does not (a phone): flex-wrap decides from the container's width */
+.tfw-explorer .tfw-panel { flex: 1 1 270px; min-width: 0; }
 .tfw-explorer svg text { font: 11px system-ui, sans-serif; }
 .tfw-explorer svg text.tfw-shape { font-size: 10px; }
 .tfw-explorer .tfw-box rect { stroke: #555; stroke-width: 1; cursor: pointer; }
@@ -63,6 +65,33 @@ const KIND_TITLE = {
   linear: "the sub-layer's output, added to the stream", hidden: "the FFN's hidden units after the activation",
   logits: "h Eᵀ: a score for every token of the vocabulary",
 };
+const SUPERSCRIPT = "⁰¹²³⁴⁵⁶⁷⁸⁹";
+
+/** The stream's state number p (0 .. 2L) in the book's notation (explorer.py's stream_label):
+ *  x_t is a position's vector, so a superscript counts blocks: x⁽ˡ⁾ enters block l, x⁽ˡ⁾+a
+ *  is the stream after block l's attention. */
+function streamLabel(p) {
+  const l = String(Math.floor(p / 2)).replace(/[0-9]/g, (d) => SUPERSCRIPT[d]);
+  return `x⁽${l}⁾` + (p % 2 ? "+a" : "");
+}
+
+/** Shape labels wider than their boxes (a font wider than the layout's estimate) are
+ *  narrowed to the box, so that no two labels run into each other: [text, width] pairs,
+ *  measured in one pass (one layout, not one a label). */
+function fitLabels(pairs) {
+  for (const [text] of pairs) {
+    text.removeAttribute("textLength");
+    text.removeAttribute("lengthAdjust");
+  }
+  const lengths = pairs.map(([text]) => text.getComputedTextLength());
+  pairs.forEach(([text, width], i) => {
+    if (lengths[i] > width) {
+      text.setAttribute("textLength", width);
+      text.setAttribute("lengthAdjust", "spacingAndGlyphs");
+    }
+  });
+}
+
 const EMPTY_TEXT = "the text box is empty: type a sentence to run the model on";
 
 /** What the page says when the text is longer than the context (explorer.py's cut_note). */
@@ -187,7 +216,8 @@ function render({ model, el: element }) {
   const topTable = el("table", { class: "tfw-top" });
   const chartTitle = el("div", { class: "tfw-note" },
                         "norm of the residual stream ‖xₜ‖ after each addition (one line a token)");
-  const chart = svg("svg", { class: "tfw-norms", width: 300, height: 150, role: "img" });
+  const CHART_W = 270;  // fits the panel beside the diagram
+  const chart = svg("svg", { class: "tfw-norms", width: CHART_W, height: 150, role: "img" });
   // the diagram and the selected box's panel side by side when the column is wide enough
   const panel = el("div", { class: "tfw-panel" }, title, facts,
                    el("div", { class: "tfw-scroll" }, heat), topTable, chartTitle,
@@ -236,11 +266,16 @@ function render({ model, el: element }) {
   }
 
   function drawShapes() {
+    const changed = [];
     for (const b of layout.boxes) {
       const text = shapeTexts.get(b.key);
       const dims = b.shape.map((d) => (d === "T" ? (run ? run.T : "T") : n[d]));
-      text.textContent = `(${dims.join(", ")})`;
+      const label = `(${dims.join(", ")})`;
+      if (text.textContent === label) continue;  // same T: nothing to draw or measure
+      text.textContent = label;
+      if (b.kind !== "stream") changed.push([text, b.w - 4]);
     }
+    if (changed.length) fitLabels(changed);
   }
 
   function drawStrip() {
@@ -256,7 +291,7 @@ function render({ model, el: element }) {
     for (const [k, g] of boxNodes) g.classList.toggle("tfw-on", k === key);
     const v = view(key, h);
     const b = boxes.get(key);
-    title.textContent = b.label + (b.layer >= 0 ? ` (block ${b.layer + 1})` : "");
+    title.textContent = b.label + (b.layer >= 0 && b.kind !== "stream" ? ` (block ${b.layer})` : "");
     topTable.replaceChildren();
     heat.style.display = "none";
     node.explorerShown = null;
@@ -323,7 +358,7 @@ function render({ model, el: element }) {
     chart.replaceChildren();
     if (!run || !run.norms) return;
     const P = run.norms.length, T = run.T;
-    const W = 300, H = 150, pad = { l: 40, r: 8, t: 8, b: 30 };
+    const W = CHART_W, H = 150, pad = { l: 40, r: 8, t: 8, b: 30 };
     let top = 0;
     for (const row of run.norms) for (const x of row) top = Math.max(top, x);
     const sx = (p) => pad.l + (p / Math.max(1, P - 1)) * (W - pad.l - pad.r);
@@ -334,13 +369,13 @@ function render({ model, el: element }) {
       const points = run.norms.map((row, p) => `${sx(p).toFixed(1)},${sy(row[t]).toFixed(1)}`).join(" ");
       chart.append(svg("polyline", { points, "data-index": t }));
     }
-    const every = Math.ceil(P / 12);
+    const every = P <= 5 ? 1 : 2 * Math.ceil((P - 1) / 10);  // at most 6 names, none crowded
     for (let p = 0; p < P; p += every) {
-      const name = p === 0 ? "x₀" : `${Math.ceil(p / 2)}${p % 2 ? "a" : "f"}`;
-      chart.append(svg("text", { x: sx(p), y: H - pad.b + 13, "text-anchor": "middle", text: name }));
+      chart.append(svg("text", { x: sx(p), y: H - pad.b + 13, "text-anchor": "middle",
+                                 text: streamLabel(p) }));
     }
     chart.append(svg("text", { x: (W + pad.l) / 2, y: H - 3, "text-anchor": "middle",
-                               text: "block n: a after attention, f after FFN" }));
+                               text: "x⁽ˡ⁾ enters block l; +a: after its attention" }));
     const topText = top >= 1000 ? `${(top / 1000).toFixed(1)}k` : top.toFixed(1);
     chart.append(svg("text", { x: pad.l - 4, y: pad.t + 9, "text-anchor": "end", text: topText }));
     chart.append(svg("text", { x: pad.l - 4, y: H - pad.b, "text-anchor": "end", text: "0" }));
