@@ -301,3 +301,36 @@ def test_sliding_window_reads_the_last_max_len_tokens(model):
         generate(model, prompt, L)  # without the window the request is refused
     with pytest.raises(TypeError, match="sliding_window must be True or False, got 1"):
         generate(model, prompt, 3, sliding_window=1)
+
+
+def test_a_sampler_hook_replaces_the_sampling_settings(model):
+    """generate(sampler=f) calls f on each step's (B, V) logits and keeps its tokens: the
+    argmax as a hook gives greedy decoding, and a hook that picks the second best changes
+    the text; every other rule (cache, end tokens, padding) stays generate's own."""
+    prompts = [[1, 2, 3], [4, 5]]
+    greedy = generate(model, prompts, 6)
+    hooked = generate(model, prompts, 6, sampler=lambda logits: logits.argmax(-1))
+    assert torch.equal(hooked.tokens, greedy.tokens)
+    seen = []
+
+    def second_best(logits):
+        seen.append(tuple(logits.shape))
+        return logits.topk(2, dim=-1).indices[:, 1]
+
+    other = generate(model, prompts, 6, sampler=second_best)
+    assert seen == [(2, model.config.vocab_size)] * 6
+    assert not torch.equal(other.new_tokens, greedy.new_tokens)
+
+
+@pytest.mark.parametrize("sampler, kwargs, error, match", [
+    ("not a function", {}, TypeError, "sampler must be a function"),
+    (lambda x: x.argmax(-1), {"temperature": 0.7}, ValueError, "either a sampler or"),
+    (lambda x: x.argmax(-1), {"top_k": 5}, ValueError, "either a sampler or"),
+    (lambda x: x.argmax(-1).float(), {}, ValueError, "long tensor of ids"),
+    (lambda x: x.argmax(-1)[:1], {}, ValueError, r"must return a \(2,\)"),
+    (lambda x: x.argmax(-1) + 10**6, {}, ValueError, "ids in \\[0, "),
+    (lambda x: [0, 0], {}, ValueError, "got list"),
+])
+def test_bad_samplers_are_refused(model, sampler, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        generate(model, [[1, 2, 3], [4, 5]], 3, sampler=sampler, **kwargs)

@@ -245,6 +245,19 @@ def check_request(
             raise ValueError(f"end token ids must be ints in [0, {vocab_size}), got {end!r}")
 
 
+def _sampled(sampler: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
+    """The (B,) token ids a caller's sampler returns for (B, V) logits, checked."""
+    token = sampler(logits)
+    B, V = logits.shape
+    if (not isinstance(token, Tensor) or token.shape != (B,) or token.dtype != torch.long
+            or bool(((token < 0) | (token >= V)).any())):
+        got = (f"{tuple(token.shape)} {token.dtype} {token.tolist()[:8]}"
+               if isinstance(token, Tensor) else type(token).__name__)
+        raise ValueError(f"the sampler must return a ({B},) long tensor of ids in [0, {V}), "
+                         f"got {got}")
+    return token.to(logits.device)
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -268,6 +281,7 @@ def generate(
     stop_strings: str | Sequence[str] = (),
     tokenizer: object = None,
     sliding_window: bool = False,
+    sampler: Callable[[Tensor], Tensor] | None = None,
 ) -> Generation:
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -285,6 +299,9 @@ def generate(
     past the model's context: each step reads only the last max_len tokens (recomputed, no
     cache, positions counted from the window's start). `memory` (B, S, C) makes it the
     decoder of an encoder-decoder (then `prompts` is the decoder's start).
+    `sampler`, a function from the step's (B, V) logits (after the penalties) to the (B,) next
+    tokens, replaces temperature, top-k, top-p and min-p (leave those at their defaults): the
+    page's sampler (`tfbook.widgets.sampling`) rides on this loop that way.
     """
     if sliding_window is not True and sliding_window is not False:
         raise TypeError(f"sliding_window must be True or False, got {sliding_window!r}")
@@ -305,6 +322,14 @@ def generate(
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
                    presence_penalty)
+    if sampler is not None:
+        if not callable(sampler):
+            raise TypeError(f"sampler must be a function (B, V) logits -> (B,) token ids, got "
+                            f"{type(sampler).__name__}")
+        if (temperature, top_k, top_p, min_p) != (0.0, None, None, None):
+            raise ValueError("give either a sampler or temperature/top_k/top_p/min_p, not both: "
+                             f"got a sampler and temperature={temperature!r}, top_k={top_k!r}, "
+                             f"top_p={top_p!r}, min_p={min_p!r}")
     stop_strings, decode = _check_stop_strings(stop_strings, tokenizer)
     penalised = (repetition_penalty, frequency_penalty, presence_penalty) != (1.0, 0.0, 0.0)
     B, T = ids.size()
@@ -326,7 +351,10 @@ def generate(
         if penalised:
             logits = apply_penalties(logits, ids, repetition_penalty, frequency_penalty,
                                      presence_penalty, mask=mask, prompt_length=T)
-        token = next_token(logits, temperature, top_k, top_p, generator, min_p=min_p)  # (B,)
+        if sampler is None:
+            token = next_token(logits, temperature, top_k, top_p, generator, min_p=min_p)
+        else:
+            token = _sampled(sampler, logits)  # (B,)
         token = torch.where(done, torch.full_like(token, pad_id), token)  # finished rows pad
         ids = torch.cat([ids, token[:, None]], dim=1)  # (B, T + n)
         mask = torch.cat([mask, ~done[:, None]], dim=1)  # padding after the end is not real

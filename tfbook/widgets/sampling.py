@@ -43,6 +43,7 @@ import torch
 import traitlets
 
 from tfbook.generate.sampling import filter_logits
+from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets.base import (
@@ -304,16 +305,15 @@ def fit_prompt(ids: Sequence[int], max_len: int, max_new_tokens: int) -> tuple[l
     return list(ids[dropped:]), dropped
 
 
-@torch.no_grad()
 def page_generation(model: GPT, tokenizer: BPETokenizer, prompt: str, max_new_tokens: int,
                     temperature: float = 1.0, top_k: int | None = None,
                     top_p: float | None = None, seed: int = 0
                     ) -> tuple[Generation, int]:
     """What the page generates for `prompt` (static/sampling.js), computed in Python: the
-    prompt's tokens cut to fit (`fit_prompt`), then one cached step per new token drawn by
-    `page_next_token` from mulberry32(seed), until max_new_tokens or the context is full.
-    Returns the widget's generation (prompt tokens, (N, V) logits, chosen ids, token text)
-    and the number of prompt tokens dropped."""
+    prompt's tokens cut to fit (`fit_prompt`), then `generate`'s cached loop with the page's
+    sampler (`page_next_token` drawing from mulberry32(seed)), until max_new_tokens or the
+    context is full. Returns the widget's generation (prompt tokens, (N, V) logits, chosen
+    ids, token text) and the number of prompt tokens dropped."""
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}: {prompt!r:.60}")
     max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
@@ -325,23 +325,22 @@ def page_generation(model: GPT, tokenizer: BPETokenizer, prompt: str, max_new_to
     max_len = model.config.max_len
     ids, dropped = fit_prompt(ids, max_len, max_new_tokens)
     n_new = min(max_new_tokens, max_len - len(ids))
+
+    def page_sampler(logits: torch.Tensor) -> torch.Tensor:  # (1, V) -> (1,): one row
+        return torch.tensor([page_next_token(logits[0], temperature, top_k, top_p, random)])
+
     was_training = model.training
     model.eval()
-    cache = model.new_cache(len(ids) + n_new)
-    step_input = torch.tensor([ids])  # (1, T): the prefill
-    step_logits, chosen = [], []
     try:
-        while len(chosen) < n_new:
-            logits = model(step_input, cache=cache, last_only=True).logits[0, -1]  # (V,)
-            step_logits.append(logits)
-            chosen.append(page_next_token(logits, temperature, top_k, top_p, random))
-            step_input = torch.tensor([chosen[-1:]])  # (1, 1): one new position
+        run = generate(model, [ids], n_new, keep_logits=True, sampler=page_sampler)
     finally:
         model.train(was_training)
+    step_logits, chosen = torch.cat(run.logits), run.new_tokens[0].tolist()  # (N, V), N ids
+
     def text(i: int) -> str:  # as the page shows a token: pieces of a character in hex
         return token_label(tokenizer, i)
 
-    return ([text(i) for i in ids], torch.stack(step_logits), chosen, text), dropped
+    return ([text(i) for i in ids], step_logits, chosen, text), dropped
 
 
 class SamplingWidget(Widget):

@@ -11,7 +11,8 @@
 //   layer_norm             tfbook/normalization.py     layerNorm
 //   FeedForward, gelu_tanh tfbook/feedforward.py       feedForward, geluTanh, gelu
 //   KVCache, LayerCache    tfbook/cache.py             KVCache, LayerCache
-//   filter_logits, next_token  tfbook/generate/sampling.py  filterLogits, nextToken
+//   filter_logits, kept_distribution, next_token  tfbook/generate/sampling.py
+//                                        filterLogits, keptDistribution, nextToken
 //   BPETokenizer.encode_ordinary  tfbook/tokenizers/bpe.py  PageTokenizer.encode
 //
 // One sequence at a time (B = 1): a tensor is a flat Float32Array in row-major order, so
@@ -487,11 +488,19 @@ function filterLogits(logits, temperature = 1, topK = null, topP = null) {
   return scores;
 }
 
+/** The sampler's distribution, as tfbook's kept_distribution: {kept: (V,) booleans, probs:
+ *  (V,)}, the softmax of filterLogits, 0 for every removed token. The one sampler of the
+ *  pages: the sampling widget's bars and nextToken's draws both come from it. */
+function keptDistribution(logits, temperature = 1, topK = null, topP = null) {
+  const scores = filterLogits(logits, temperature, topK, topP);
+  return { kept: Array.from(scores, (x) => x !== -Infinity), probs: probabilities(scores) };
+}
+
 /** The next token from logits (V,): greedy at temperature 0 (no random number drawn), else
- *  one draw from the softmax of filterLogits, with `random` (e.g. mulberry32(seed)). */
+ *  one draw from keptDistribution's probabilities, with `random` (e.g. mulberry32(seed)). */
 function nextToken(logits, temperature, topK, topP, random) {
   if (temperature === 0) return argmax(logits);
-  const probs = probabilities(filterLogits(logits, temperature, topK, topP));
+  const { probs } = keptDistribution(logits, temperature, topK, topP);
   const u = random();
   let cumulative = 0;
   for (let i = 0; i < probs.length; i++) {

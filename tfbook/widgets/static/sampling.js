@@ -1,12 +1,9 @@
 // Next-token sampling. Python stores, for each step of a generation, the N most likely next
 // tokens (the candidates, most likely first) with their raw logits, and the token chosen.
-// This script applies the sampler itself, in HF's order, so every knob works without a
-// kernel: temperature (0 = greedy), then top-k, then top-p, then a softmax over what is left.
-// It mirrors tfbook.generate.sampling.kept_distribution, boundary rules and ties included:
-// - top-k keeps every score >= the k-th largest (ties at the boundary stay);
-// - top-p sorts the scores ascending (stable: ties in candidate order), takes the softmax
-//   and its running sum, removes the tokens whose running sum is <= 1 - p, and always keeps
-//   the most likely; p = 1 is skipped, as in HF's generate.
+// The page applies the sampler itself to the candidates, so every knob works without a
+// kernel: gpt.js's keptDistribution (the pages' one sampler, the mirror of
+// tfbook.generate.sampling.kept_distribution, boundary rules and ties included):
+// temperature (0 = greedy), then top-k, then top-p, then a softmax over what is left.
 // Bars: the kept probability (blue) over the probability before filtering (grey); cut
 // tokens stay listed, greyed, with probability 0. Each bar row carries data-p and data-kept,
 // the summary data-kept, data-entropy (nats) and data-settings, for the tests.
@@ -82,49 +79,6 @@ function generateInPage(gpt, prompt, { maxNewTokens, temperature, topK, topP, se
 /** "off" for a filter that is switched off (null), else the value. */
 function knob(value) {
   return value === null ? "off" : String(value);
-}
-
-/** Compare numbers for Array.sort; -Infinity is equal to itself (a - b would give NaN). */
-function byValue(a, b) {
-  return a < b ? -1 : a > b ? 1 : 0;
-}
-
-/** softmax(scores) with the max subtracted first; a score of -Infinity gets probability 0. */
-function softmax(scores) {
-  const top = Math.max(...scores);
-  const exps = scores.map((s) => Math.exp(s - top));
-  let total = 0;
-  for (const e of exps) total += e;
-  return exps.map((e) => e / total);
-}
-
-/** The sampler over the candidates: {kept: [true, true, false, ...], probs: [0.7, 0.3, 0, ...]}.
- *  topK and topP are null when off; temperature 0 keeps only the first argmax. A kept token
- *  can still get probability 0 when its exp underflows (a tiny temperature). */
-function keptDistribution(logits, temperature, topK, topP) {
-  const n = logits.length;
-  if (temperature === 0) {
-    let best = 0;
-    for (let i = 1; i < n; i++) if (logits[i] > logits[best]) best = i;
-    return { kept: logits.map((_, i) => i === best), probs: logits.map((_, i) => (i === best ? 1 : 0)) };
-  }
-  const scores = logits.map((x) => x / temperature);
-  if (topK !== null) {
-    const k = Math.min(Math.max(topK, 1), n);
-    const kth = [...scores].sort((a, b) => byValue(b, a))[k - 1];
-    scores.forEach((s, i) => { if (s < kth) scores[i] = -Infinity; });
-  }
-  if (topP !== null && topP < 1) {
-    const order = scores.map((_, i) => i).sort((a, b) => byValue(scores[a], scores[b]));
-    const probs = softmax(order.map((i) => scores[i]));
-    const cut = 1 - topP;
-    let cumulative = 0;
-    order.forEach((i, r) => {
-      cumulative += probs[r];
-      if (cumulative <= cut && r < n - 1) scores[i] = -Infinity;  // the last is the most likely
-    });
-  }
-  return { kept: scores.map((s) => s !== -Infinity), probs: softmax(scores) };
 }
 
 /** Entropy in nats of a distribution: -sum p ln p over p > 0 (the book's unit). */
