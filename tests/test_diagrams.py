@@ -349,7 +349,7 @@ def test_head_split_on_smollm2_shapes_joins_each_query_head_to_its_kv_head() -> 
     d = head_split(tr, "blocks.0.attn")
     check_labels(d)
     H, H_kv = cfg.n_heads, cfg.n_kv_heads
-    assert d.shape_labels["n_kv_heads"] == (f"K, V: H_kv = {H_kv} heads, each read by "
+    assert d.shape_labels["n_kv_heads"] == (f"K, V: H_kv = {H_kv}, each read by "
                                             f"{H // H_kv} query heads")
     assert numbers(d.shape_labels["k"])[1] == H_kv and numbers(d.shape_labels["q"])[1] == H
     texts = svg_texts(d)
@@ -359,7 +359,10 @@ def test_head_split_on_smollm2_shapes_joins_each_query_head_to_its_kv_head() -> 
               if "dash" in el.get("class", "")]
     assert len(dashed) == H
     mqa = head_split(trace(GPT(replace(cfg, n_kv_heads=1)).eval(), IDX), "blocks.0.attn")
-    assert "K, V: H_kv = 1 heads, each read by 9 query heads" in svg_texts(mqa)
+    assert "K, V: H_kv = 1, each read by 9 query heads" in svg_texts(mqa)
+    # SmolLM2's drawing fits the book's column at 1,280 px (672 px) without scrolling
+    assert d.svg.count("min-width:") == 1
+    assert float(d.svg.split("min-width:")[1].split("px")[0]) <= 672
 
 
 def test_attention_input_is_written_x_as_in_the_notation() -> None:
@@ -388,3 +391,5 @@ def test_rope_angle_labels_keep_their_distance() -> None:
         for (x0, a), (x1, b) in zip(labels, labels[1:]):
             room = x1 - x0 - (text_width(a, SMALL) + text_width(b, SMALL)) / 2
             assert room >= LABEL_GAP - 1e-9, (a, b, room)
+    # the chapter's drawing fits the book's column at 1,280 px (672 px) without scrolling
+    assert float(d.svg.split("min-width:")[1].split("px")[0]) <= 672

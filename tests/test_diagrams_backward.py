@@ -60,9 +60,18 @@ def test_changing_the_call_changes_the_drawing() -> None:
     assert numbers(wide["backward.grad_v"]) == (7, 8)
     q, k, v = qkv(S=5)
     masked = attention_backward_graph(trace_attention_backward(q, k, v, causal_mask(5)))
-    assert "masked" in svg_texts(masked.svg)
-    assert "masked" not in svg_texts(attention_backward_graph(
+    assert "scores, masked" in svg_texts(masked.svg)
+    assert "scores, masked" not in svg_texts(attention_backward_graph(
         trace_attention_backward(q, k, v)).svg)
+
+
+def test_panels_sit_side_by_side_in_the_books_column() -> None:
+    """Forward and backward side by side in the 672 px column at 1,280 px (the page puts 24 px
+    between panels), each narrow enough for a phone's column (about 358 px) on its own."""
+    d = attention_backward_graph(trace_attention_backward(*qkv()))
+    widths = [w + 16 for _, w in d._panels]  # natural width: the drawing and its margins
+    assert len(widths) == 2 and sum(widths) + 24 <= 672
+    assert all(w * 0.96 <= 350 for w in widths)
 
 
 def test_bad_input() -> None:

@@ -135,53 +135,41 @@ def _place(c: Canvas, rows: list[list[Node]], x_of: list[list[float]], y0: float
     return out
 
 
-def _columns(rows: list[list[Node]], gap: float = 16) -> list[list[float]]:
-    """Centres: a row of two nodes sits side by side about 0; the first node of any other row
-    is on 0 and a second node beside it, right of the widest first node."""
-    main = max(r[0].width for r in rows if len(r) != 2 or r is not rows[0])
-    xs = []
-    for i, r in enumerate(rows):
-        if i == 0 and len(r) == 2:
-            half = (r[0].width + r[1].width + gap) / 2
-            xs.append([-half + r[0].width / 2, half - r[1].width / 2])
-        elif len(r) == 2:
-            xs.append([0.0, main / 2 + gap + r[1].width / 2])
-        else:
-            xs.append([0.0])
-    return xs
+def _columns(rows: list[list[Node]], gap: float = 12) -> list[list[float]]:
+    """Centres: the first node of every row on 0, a second node just right of it."""
+    return [[0.0] + ([r[0].width / 2 + gap + r[1].width / 2] if len(r) == 2 else [])
+            for r in rows]
 
 
 def _forward_canvas(tb: BackwardTrace) -> Canvas:
     c = Canvas("Forward")
     y = heading(c, "Forward: down", 0, 0, anchor="middle")
-    rows = [[_node("queries Q", tb.q, QUERY, "attn", "q", "kept for (4)"),
-             _node("keys K", tb.k, KEY, "attn", "k", "kept for (4)")],
-            [_node("scores Z = Q Kᵀ / √D", tb.scores, SCORES, "attn", "scores",
-                   "masked" if tb.masked else "one per query and key")],
-            [_node("weights A = softmax(Z)", tb.weights, SCORES, "attn", "weights",
-                   "kept for (1) and (3)"),
-             _node("values V", tb.v, KEY, "attn", "v", "kept for (2)")],
-            [_node("output Y = A V", tb.out, QUERY, "attn", "out", "on to the loss L")]]
+    rows = [[_node("Q", tb.q, QUERY, "attn", "q", "queries"),
+             _node("K", tb.k, KEY, "attn", "k", "keys")],
+            [_node("Z = Q Kᵀ / √D", tb.scores, SCORES, "attn", "scores",
+                   "scores, masked" if tb.masked else "scores")],
+            [_node("A = softmax(Z)", tb.weights, SCORES, "attn", "weights", "weights"),
+             _node("V", tb.v, KEY, "attn", "v", "values")],
+            [_node("Y = A V", tb.out, QUERY, "attn", "out", "output")]]
     (q, k), (z,), (a, v), (out,) = _place(c, rows, _columns(rows), y)
     for r in (q, k):  # Q and K meet in the scores
         c.line([(r.cx, r.bottom), (r.cx, r.bottom + 12), (z.cx, r.bottom + 12), (z.cx, z.y)])
     c.arrow(z.cx, z.bottom, a.cx, a.y)
     c.arrow(a.cx, a.bottom, out.cx, out.y)
     c.line([(v.cx, v.bottom), (v.cx, out.cy), (out.right, out.cy)])
+    note(c, c.x0, c.y1 + 20, "kept for the backward: Q, K, V, A")
     return c
 
 
 def _backward_canvas(tb: BackwardTrace) -> Canvas:
     c = Canvas("Backward")
     y = heading(c, "Backward: up", 0, 0, anchor="middle")
-    rows = [[_node("dQ = dZ K / √D", tb.grad_q, QUERY, "head", "grad_q", "(4)"),
-             _node("dK = dZᵀ Q / √D", tb.grad_k, KEY, "head", "grad_k", "(4)")],
-            [_node("dZ = A ⊙ (dA − rowsum(dA ⊙ A))", tb.grad_scores, SCORES, "head",
-                   "grad_scores", "(3): the softmax's Jacobian")],
+    rows = [[_node("dQ = dZ K/√D", tb.grad_q, QUERY, "head", "grad_q", "(4)"),
+             _node("dK = dZᵀ Q/√D", tb.grad_k, KEY, "head", "grad_k", "(4)")],
+            [_node("dZ", tb.grad_scores, SCORES, "head", "grad_scores", "(3): via softmax")],
             [_node("dA = G Vᵀ", tb.grad_weights, SCORES, "head", "grad_weights", "(2)"),
              _node("dV = Aᵀ G", tb.grad_v, KEY, "head", "grad_v", "(1)")],
-            [_node("G = ∂L/∂Y", tb.grad_out, QUERY, "head", "grad_out",
-                   "from the layers above")]]
+            [_node("G = ∂L/∂Y", tb.grad_out, QUERY, "head", "grad_out", "given")]]
     (dq, dk), (dz,), (da, dv), (g,) = _place(c, rows, _columns(rows), y)
     for r in (dq, dk):  # dZ splits into dQ and dK
         c.line([(dz.cx, dz.y), (dz.cx, r.bottom + 12), (r.cx, r.bottom + 12), (r.cx, r.bottom)],
@@ -200,8 +188,7 @@ def attention_backward_graph(tb: BackwardTrace) -> Diagram:
         raise TypeError("attention_backward_graph needs a BackwardTrace (from "
                         f"trace_attention_backward(q, k, v)), got {type(tb).__name__}")
     forward, backward = _forward_canvas(tb), _backward_canvas(tb)
-    note(backward, backward.x0, backward.y1 + 20,
-         "dashed: gradients, from the loss back to the inputs")
+    note(backward, backward.x0, backward.y1 + 20, "dashed: gradients, flowing back")
     panels = [forward, backward]
     return Diagram(hstack("The backward pass of attention", panels, 36,
                           ["forward.", "backward."]), panels)

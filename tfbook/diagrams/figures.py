@@ -179,7 +179,7 @@ def head_split(tr: Trace, name: str) -> Diagram:
             for member in group:
                 c.line([(member.cx, member.bottom), (member.cx, y)], arrow=False, dashed=True)
         _side_note(c, right + 12, y + 8,
-                   f"K, V: H_kv = {H_kv} heads, each read by {n_rep} query heads", "n_kv_heads",
+                   f"K, V: H_kv = {H_kv}, each read by {n_rep} query heads", "n_kv_heads",
                    (H_kv, n_rep))
         _side_note(c, right + 12, y + 26, shape_label(kv_legend, at.k), "k", at.k, mono=True)
         y += 26 + 14

@@ -20,7 +20,7 @@ from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.svg import HEAD_COLOURS, SMALL, Canvas, text_width
 from tfbook.rope import apply_rope, rope_frequencies
 
-LABEL_GAP = 28.0  # at least this much room between the angle labels of two cells
+LABEL_GAP = 20.0  # at least this much room between the angle labels of two cells
 
 
 def rope_angles_drawn(D: int, positions: tuple[int, ...], planes: tuple[int, ...],
