@@ -111,7 +111,7 @@ def test_bert_input_labels_are_traced(cls) -> None:
     assert inputs["positions"] == (ids.size(1),)
     texts = svg_texts(d.svg)
     assert f"E: (V, C) = ({config.vocab_size}, {config.d_model})" in texts
-    assert f"P: (T_max, C) = ({config.max_len}, {config.d_model})" in texts
+    assert f"(T_max, C) = ({config.max_len}, {config.d_model})" in texts
     assert [labels[f"type.{t}"] for t in range(8)] == [str(g) for g in types[0].tolist()]
     assert [labels[f"position.{t}"] for t in range(8)] == [str(t) for t in range(8)]
     assert [labels[f"token.{t}"] for t in range(8)] == tokens

@@ -93,10 +93,12 @@ def embedding_lookup(embedding: nn.Module, idx: Tensor, tokens: list[str], row_i
     e_label = shape_label(("V", "C"), tuple(weight.shape))
     x_label = shape_label(("T", "C"), tuple(product.shape))
     o_label = shape_label(("T", "V"), tuple(one_hot.shape))
-    side_w = max(text_width(e_label, SMALL, mono=True), text_width(x_label, SMALL, mono=True),
-                 text_width("E[00000]", SMALL, mono=True)) + 12
-    x_e = x_o + max(o_w, text_width(o_label, SMALL, mono=True)) + 34
-    x_x = x_e + side_w + 34
+    e_w = max(text_width(e_label, SMALL, mono=True),
+              text_width(f"row {max(used)}", SMALL, mono=True)) + 12
+    x_w = max(text_width(x_label, SMALL, mono=True),
+              text_width(f"E[{max(used)}]", SMALL, mono=True)) + 12
+    x_e = x_o + max(o_w, text_width(o_label, SMALL, mono=True)) + 26
+    x_x = x_e + e_w + 26
     for x, name, label, key, shape in (
             (x_o, "O: one-hot rows", o_label, "one_hot", tuple(one_hot.shape)),
             (x_e, "E: the table", e_label, "table", tuple(weight.shape)),
@@ -120,17 +122,17 @@ def embedding_lookup(embedding: nn.Module, idx: Tensor, tokens: list[str], row_i
             if one:
                 c.text(x_o + (j + 0.5) * cell_w, ry + ROW / 2 + 4.5, "1", SMALL, mono=True,
                        bold=True)
-        c.box(x_x, ry, side_w, ROW, "embed", radius=0)
-        c.text(x_x + side_w / 2, ry + ROW / 2 + 4.5, f"E[{v}]", SMALL, mono=True,
+        c.box(x_x, ry, x_w, ROW, "embed", radius=0)
+        c.text(x_x + x_w / 2, ry + ROW / 2 + 4.5, f"E[{v}]", SMALL, mono=True,
                key=f"x.{t}")
     for j, v in enumerate(used):  # the rows of E the product reads, in column order
         ry = top + j * ROW
-        c.box(x_e, ry, side_w, ROW, "embed", radius=0)
-        c.text(x_e + side_w / 2, ry + ROW / 2 + 4.5, f"row {v}", SMALL, mono=True,
+        c.box(x_e, ry, e_w, ROW, "embed", radius=0)
+        c.text(x_e + e_w / 2, ry + ROW / 2 + 4.5, f"row {v}", SMALL, mono=True,
                key=f"row.{j}", shape=(v,))
     mid = top + min(len(ids), len(used)) * ROW / 2
-    c.text(x_e - 17, mid + 5, "×", 18, bold=True)
-    c.text(x_x - 17, mid + 5, "=", 18, bold=True)
+    c.text(x_e - 13, mid + 5, "×", 18, bold=True)
+    c.text(x_x - 13, mid + 5, "=", 18, bold=True)
     bottom = top + len(ids) * ROW
     note(c, x_o, bottom + 20, f"only the {len(used)} columns that hold a 1; the other "
          f"{weight.size(0) - len(used):,} are all 0")
@@ -201,7 +203,7 @@ def bert_input(model: nn.Module, input_ids: Tensor, token_type_ids: Tensor,
              Node("type embedding", tr.shape(part("token_type")), BTC, "embed", "type_emb",
                   note=shape_label(("types", "C"), tables["token_type"])),
              Node("position embedding", tr.shape(part("position")), BTC, "embed", "pos_emb",
-                  note="P: " + shape_label(("T_max", "C"), tables["position"]))]
+                  note=shape_label(("T_max", "C"), tables["position"]))]
     width = max(n.width for n in nodes)
     for n in nodes:
         n.min_width = width
