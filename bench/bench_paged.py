@@ -1,0 +1,163 @@
+"""Continuous batching on a paged cache against static batching, on SmolLM2-135M-Instruct.
+
+    python bench/bench_paged.py     # prints a table, writes bench/results/paged.json
+
+The workload: REQUESTS requests whose prompts (slices of the stdlib corpus) and answer
+lengths (max_new_tokens) are drawn with a fixed seed from wide ranges, all queued at once.
+Greedy decoding, no end token, so every request writes exactly its max_new_tokens.
+
+1. Throughput, useful new tokens per second of wall-clock time:
+   - static batching: groups of BATCH requests in arrival order, left-padded, each group
+     decoded by `generate` until its longest answer is done (finished rows keep computing);
+   - continuous batching: `ContinuousBatcher` with at most BATCH running sequences, blocks of
+     BLOCK_SIZE positions; a finished request leaves at once and the next one is prefilled.
+   Timed as in bench_generate.py (median over rounds in which both take turns, after a
+   warm-up, one process, two threads, OMP_WAIT_POLICY=PASSIVE); the ratio is continuous over
+   static. Also counted (integers, the same on any machine): forward passes and the token
+   positions they computed (B x T per pass, padding included).
+2. Memory held by the cache: the bytes of the blocks in use after each step (peak and mean
+   over the steps) against a contiguous cache of BATCH rows x the longest request
+   (prompt + max_new_tokens) that a batch without paging must hold for any mix of requests,
+   and against what static batching's `generate` allocates per group (B x (T + N)).
+3. Agreement: how many requests get the same tokens from both (float32: batching changes
+   logits by rounding, so a near-tie may differ; the tests check identity where margins allow).
+"""
+
+import os
+import sys
+
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch starts its thread pool
+
+import json  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
+
+from bench_model import median_times  # noqa: E402  (the same method as the other benchmarks)
+
+from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
+from tfbook.corpus import stdlib_corpus  # noqa: E402
+from tfbook.generate.paged import blocks_needed  # noqa: E402
+from tfbook.generate.scheduler import (  # noqa: E402
+    ContinuousBatcher,
+    contiguous_bytes,
+    generate_static,
+)
+
+RESULTS = ROOT / "bench" / "results" / "paged.json"
+THREADS = 2
+REQUESTS = 16
+BATCH = 8  # rows of a static batch, and running sequences of the continuous batcher
+BLOCK_SIZE = 16
+PROMPT_RANGE = (8, 96)  # prompt lengths drawn uniformly from this range (tokens)
+NEW_RANGE = (4, 64)  # max_new_tokens drawn uniformly from this range
+REPEATS = 2  # timed rounds (each runs the whole workload both ways)
+
+
+def workload() -> tuple[list[list[int]], list[int]]:
+    """Prompts (corpus slices at different offsets) and answer lengths, seeded."""
+    g = torch.Generator().manual_seed(0)
+    ids = load_smollm2_tokenizer().encode_ordinary(stdlib_corpus(max_bytes=20000))
+    lengths = torch.randint(PROMPT_RANGE[0], PROMPT_RANGE[1] + 1, (REQUESTS,), generator=g)
+    budgets = torch.randint(NEW_RANGE[0], NEW_RANGE[1] + 1, (REQUESTS,), generator=g)
+    starts = torch.randint(0, len(ids) - PROMPT_RANGE[1], (REQUESTS,), generator=g)
+    prompts = [ids[s:s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+    return prompts, budgets.tolist()
+
+
+def run_continuous(model, prompts, budgets, num_blocks) -> ContinuousBatcher:
+    batcher = ContinuousBatcher(model, num_blocks, BLOCK_SIZE, BATCH)
+    for p, n in zip(prompts, budgets):
+        batcher.submit(p, n)
+    batcher.run()
+    return batcher
+
+
+def main() -> None:
+    torch.set_num_threads(THREADS)
+    start = time.perf_counter()
+    print("loading SmolLM2-135M-Instruct", flush=True)
+    model = load_smollm2()
+    prompts, budgets = workload()
+    longest = max(len(p) + n for p, n in zip(prompts, budgets))
+    num_blocks = BATCH * blocks_needed(longest, BLOCK_SIZE)  # room for BATCH longest requests
+    useful = sum(budgets)
+
+    print(f"[1/2 at {time.perf_counter() - start:4.0f} s] {REQUESTS} requests, "
+          f"{useful} new tokens, both ways", flush=True)
+    times = median_times({
+        "static": lambda: generate_static(model, prompts, budgets, BATCH),
+        "continuous": lambda: run_continuous(model, prompts, budgets, num_blocks),
+    }, repeats=REPEATS, warmup=1)
+
+    print(f"[2/2 at {time.perf_counter() - start:4.0f} s] counting steps and memory", flush=True)
+    static_out, static_computed = generate_static(model, prompts, budgets, BATCH)
+    batcher = run_continuous(model, prompts, budgets, num_blocks)
+    cont_out = [batcher.requests[i].output for i in range(REQUESTS)]
+    steps = [r for r in batcher.history if r.kind != "idle"]
+    static_passes = sum(max(budgets[i:i + BATCH]) for i in range(0, REQUESTS, BATCH))
+    used = [r.used_bytes for r in steps]
+    static_groups = [
+        contiguous_bytes(model, len(prompts[i:i + BATCH]),
+                         max(map(len, prompts[i:i + BATCH])) + max(budgets[i:i + BATCH]))
+        for i in range(0, REQUESTS, BATCH)]
+    contiguous = contiguous_bytes(model, BATCH, longest)
+
+    results = {
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
+                    "cpu_count": os.cpu_count(), "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+                    "load_average_1min": os.getloadavg()[0]},
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to float32), greedy",
+        "workload": {"requests": REQUESTS, "batch": BATCH, "block_size": BLOCK_SIZE,
+                     "num_blocks": num_blocks, "prompt_lengths": list(map(len, prompts)),
+                     "max_new_tokens": budgets, "useful_new_tokens": useful},
+        "throughput": {
+            "static_tokens_per_s": useful / times["static"],
+            "continuous_tokens_per_s": useful / times["continuous"],
+            "continuous_over_static": times["static"] / times["continuous"],
+            "static_seconds": times["static"], "continuous_seconds": times["continuous"],
+        },
+        "work": {"static_forward_passes": static_passes,
+                 "continuous_forward_passes": len(steps),
+                 "static_token_positions": static_computed,
+                 "continuous_token_positions": sum(r.padded_tokens for r in steps),
+                 "preemptions": sum(r.preemptions for r in batcher.requests.values())},
+        "memory": {
+            "block_bytes": batcher.cache.block_bytes(),
+            "paged_peak_bytes": max(used), "paged_mean_bytes": sum(used) / len(used),
+            "contiguous_bytes": contiguous,
+            "static_group_bytes": static_groups,
+            "peak_over_contiguous": max(used) / contiguous,
+            "mean_over_contiguous": sum(used) / len(used) / contiguous,
+        },
+        "agreement": {"requests_identical": sum(a == b for a, b in zip(static_out, cont_out)),
+                      "requests": REQUESTS},
+        "seconds": time.perf_counter() - start,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    t, w, m = results["throughput"], results["work"], results["memory"]
+    print(f"\n{'':28}{'static':>12}{'continuous':>12}{'ratio':>8}")
+    print(f"{'new tokens / s':28}{t['static_tokens_per_s']:12.1f}"
+          f"{t['continuous_tokens_per_s']:12.1f}{t['continuous_over_static']:8.2f}x")
+    print(f"{'forward passes':28}{w['static_forward_passes']:12d}"
+          f"{w['continuous_forward_passes']:12d}")
+    print(f"{'token positions computed':28}{w['static_token_positions']:12d}"
+          f"{w['continuous_token_positions']:12d}")
+    print(f"\ncache memory: paged peak {m['paged_peak_bytes'] / 2**20:.1f} MiB, mean "
+          f"{m['paged_mean_bytes'] / 2**20:.1f} MiB; contiguous {BATCH} x {longest} positions "
+          f"{m['contiguous_bytes'] / 2**20:.1f} MiB (peak {m['peak_over_contiguous']:.2f}x, "
+          f"mean {m['mean_over_contiguous']:.2f}x)")
+    print(f"identical outputs: {results['agreement']['requests_identical']} of {REQUESTS}; "
+          f"preemptions: {w['preemptions']}")
+    print(f"\nwrote {RESULTS.relative_to(ROOT)} in {results['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
