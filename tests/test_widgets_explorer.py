@@ -16,6 +16,7 @@ from tfbook.models.llama import tiny_llama
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets import ModelExplorer
 from tfbook.widgets.explorer import (
+    PANEL_ROOM,
     cut_note,
     explorer_layout,
     sizes,
@@ -138,7 +139,9 @@ def test_labels_follow_the_books_notation_and_fit_their_boxes() -> None:
     x^(l) enters block l (blocks counted from 0, as the keys count them)."""
     assert [stream_label(p) for p in range(5)] == ["x⁽⁰⁾", "x⁽⁰⁾+a", "x⁽¹⁾", "x⁽¹⁾+a", "x⁽²⁾"]
     assert stream_label(24) == "x⁽¹²⁾"
-    for config in (GPTConfig.tiny(), replace(GPTConfig.tiny(), max_len=8192, d_model=256)):
+    smol_like = replace(GPTConfig.tiny(), max_len=8192, d_model=576, n_heads=9, n_kv_heads=3)
+    for config in (GPTConfig.tiny(), replace(GPTConfig.tiny(), max_len=8192, d_model=256),
+                   smol_like):
         layout = explorer_layout(config)
         labels = {b["key"]: b["label"] for b in layout["boxes"]}
         assert labels["embed"] == "x⁽⁰⁾ = embedding + position"
@@ -146,10 +149,12 @@ def test_labels_follow_the_books_notation_and_fit_their_boxes() -> None:
         assert labels["blocks.1.resid2"] == "x⁽²⁾ = … + block 1's FFN"
         assert not any("₀" in label for label in labels.values())
         n = layout["sizes"]
-        widest = len(f"({n['T_max']}, {n['D']})")  # the q, k, v label at the longest text
+        widest = len(f"({min(n['T_max'], 99)}, {n['D']})")  # q, k, v labels up to T = 99
         for b in layout["boxes"]:
-            if b["kind"] == "head":  # 0.6 em a character at 10 px: room for the longest label
-                assert b["w"] >= 6 * widest, (b, widest)
+            if b["kind"] == "head":  # 0.6 em a character at 10 px, and 4 px to spare
+                assert b["w"] >= 6 * widest + 4, (b, widest)
+        # the book's 688 px column holds the diagram, a 12 px gap and the 270 px panel
+        assert layout["width"] <= PANEL_ROOM == 688 - 12 - 270, layout["width"]
 
 
 def test_python_fed_widget_sends_the_selected_box_and_hostile_text_stays_text() -> None:

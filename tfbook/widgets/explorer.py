@@ -71,6 +71,7 @@ STREAM_X = 16  # the residual stream: a vertical line the sub-layers add to
 GAP = 6  # between boxes (2 between q, k and v: one group)
 WIDTHS = {"norm": 50, "head": 40, "weights": 56, "linear": 56, "hidden": 100}
 SHAPE_FONT = 10  # px, the shape labels (explorer.js's .tfw-shape)
+PANEL_ROOM = 688 - 12 - 270  # the book's column less the gap and the panel's basis (JS)
 
 
 def superscript(n: int) -> str:
@@ -88,9 +89,13 @@ def stream_label(state: int) -> str:
 
 
 def head_width(n: dict[str, int]) -> int:
-    """The q, k, v boxes' width: their longest shape label, (T_max, D), with room to spare
-    (a generous estimate of the text's width, so that labels never reach the box's edge)."""
-    return max(WIDTHS["head"], int(text_width(f"({n['T_max']}, {n['D']})", SHAPE_FONT)) + 4)
+    """The q, k, v boxes' width: room for their shape label (T, D) up to T = 99, by a generous
+    estimate of the text's width (0.6 em a character), so that the label never reaches the
+    box's edge. The real font is narrower: a three-digit T still fits, and explorer.js
+    narrows a longer label (SmolLM2's T can reach 8,192) to its box. Capping T keeps every
+    diagram narrow enough for the tensor panel beside it in the book's column."""
+    T = min(n["T_max"], 99)
+    return max(WIDTHS["head"], int(text_width(f"({T}, {n['D']})", SHAPE_FONT)) + 4)
 
 
 def _check_decoder(model: object) -> GPT:

@@ -358,7 +358,7 @@ function render({ model, el: element }) {
     chart.replaceChildren();
     if (!run || !run.norms) return;
     const P = run.norms.length, T = run.T;
-    const W = CHART_W, H = 150, pad = { l: 40, r: 8, t: 8, b: 30 };
+    const W = CHART_W, H = 150, pad = { l: 40, r: 16, t: 8, b: 30 };  // r: room for the last name
     let top = 0;
     for (const row of run.norms) for (const x of row) top = Math.max(top, x);
     const sx = (p) => pad.l + (p / Math.max(1, P - 1)) * (W - pad.l - pad.r);
