@@ -17,7 +17,9 @@ How to draw a diagram (the API later chapters use):
   `ffns_side_by_side(...)`, `decoder_stack(tr, inputs, targets)`, `encoder_stack(tr)`,
   `encoder_decoder(tr)`, `families(enc_tr, dec_tr, encdec_tr)`.
 - Figures of Parts I, IV and V live in their own modules (also exported here):
-  `text.tokenizer_pipeline`, `text.pipelines_side_by_side`, `text.pipeline_stages`;
+  `text.tokenizer_pipeline`, `text.pipelines_side_by_side`, `text.pipeline_stages`,
+  `text.merge_tree(bpe_tokenizer, word)`; `inputs.embedding_lookup(embedding, idx, tokens)`,
+  `inputs.bert_input(bert, ids, token_type_ids, tokens)`;
   `positions.rope_planes`, `positions.rope_angles_drawn`; `generation.kv_cache`,
   `generation.trace_cache`; `learning.lora_layer`, `learning.training_loop`,
   `learning.ring_steps`, `learning.data_parallel`, `learning.model_parallel`;
@@ -49,6 +51,7 @@ from tfbook.diagrams.figures import (
     masks,
 )
 from tfbook.diagrams.generation import kv_cache, trace_cache
+from tfbook.diagrams.inputs import bert_input, embedding_lookup
 from tfbook.diagrams.layout import Node, Rect, column, draw, hstack, row, shape_label
 from tfbook.diagrams.learning import (
     data_parallel,
@@ -59,7 +62,12 @@ from tfbook.diagrams.learning import (
 )
 from tfbook.diagrams.positions import rope_angles_drawn, rope_planes
 from tfbook.diagrams.svg import Canvas, Label, escape
-from tfbook.diagrams.text import pipeline_stages, pipelines_side_by_side, tokenizer_pipeline
+from tfbook.diagrams.text import (
+    merge_tree,
+    pipeline_stages,
+    pipelines_side_by_side,
+    tokenizer_pipeline,
+)
 from tfbook.diagrams.trace import AttentionTrace, Trace, trace, trace_attention
 
 __all__ = [
@@ -70,5 +78,5 @@ __all__ = [
     "kv_cache", "trace_cache", "data_parallel", "lora_layer", "model_parallel", "ring_steps",
     "training_loop", "rope_angles_drawn", "rope_planes", "pipeline_stages",
     "pipelines_side_by_side", "tokenizer_pipeline", "attention_backward_graph",
-    "trace_attention_backward",
+    "trace_attention_backward", "bert_input", "embedding_lookup", "merge_tree",
 ]
