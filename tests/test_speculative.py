@@ -322,3 +322,72 @@ def test_bad_input_is_refused():
         cache.crop(1)
     with pytest.raises(ValueError, match=r"first_layers needs n_layers in \[1, 2\]"):
         cache.first_layers(3)
+
+
+# --- SmolLM2 and Hugging Face's assisted generation -------------------------------------
+
+CODE = ("def area(width, height):\n    return width * height\n\n"
+        "def perimeter(width, height):\n    return 2 * (width + height)\n")
+N_SMOL = 16
+EXIT = 4  # blocks of the early-exit drafts: cheap (they mostly guess wrong, which tests rollback)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from tfbook.checkpoints.smollm2 import (
+        load_smollm2,
+        load_smollm2_tokenizer,
+        smollm2_chat_ids,
+    )
+
+    tokenizer = load_smollm2_tokenizer()
+    prompt = smollm2_chat_ids(tokenizer, [{"role": "user", "content":
+                                           "Rename width to w in this code:\n" + CODE}])
+    return load_smollm2(), prompt
+
+
+def test_smollm2_greedy_equals_generate_and_hugging_face(smollm2):
+    import copy
+
+    from tfbook.checkpoints.smollm2 import hf_llama_from_gguf, read_smollm2_gguf
+
+    model, prompt = smollm2
+    plain = generate(model, [prompt], N_SMOL, keep_logits=True)
+    expected = plain.new_tokens[0].tolist()
+    steps = torch.cat(plain.logits)  # (N, V): one cached step per token
+    top2 = steps.topk(2, dim=-1).values
+    margin = float((top2[:, 0] - top2[:, 1]).min())
+    drafts = {"prompt lookup": PromptLookupDraft(), "early exit": EarlyExitDraft(model, EXIT),
+              "draft model": ModelDraft(early_exit_model(model, EXIT))}
+    for name, draft in drafts.items():
+        out = speculative_generate(model, prompt, N_SMOL, draft, draft_length=4,
+                                   keep_logits=True)
+        # the verify passes' scores differ from the single steps' in the last bits only; with
+        # every top-1 margin above twice that difference the argmax cannot differ
+        gap = float((torch.stack(out.logits) - steps).abs().max())
+        assert margin > 2 * gap, (name, margin, gap)
+        print(name, "smallest top-1 margin", margin, "largest verify-vs-step gap", gap)
+        assert out.new_tokens == expected, name
+    assert sum(speculative_generate(model, prompt, N_SMOL, PromptLookupDraft()).accepted) > 0
+
+    hf = hf_llama_from_gguf(read_smollm2_gguf())
+    ids = torch.tensor([prompt])
+    common = dict(max_new_tokens=N_SMOL, do_sample=False, min_new_tokens=N_SMOL)
+    assistant = copy.deepcopy(hf)
+    assistant.model.layers = assistant.model.layers[:EXIT]
+    assistant.config.num_hidden_layers = EXIT
+    for how in (dict(prompt_lookup_num_tokens=4), dict(assistant_early_exit=EXIT),
+                dict(assistant_model=assistant), {}):
+        hf_new = hf.generate(ids, **common, **how)[0, len(prompt):].tolist()
+        assert hf_new == expected, how
+
+
+@torch.no_grad()
+def test_smollm2_next_token_distribution_is_exact(smollm2):
+    model, prompt = smollm2
+    ids = torch.tensor([prompt])
+    p = torch.softmax(model(ids).logits[0, -1].double(), -1)  # the target, (V,)
+    q = torch.softmax(early_exit_model(model, 20)(ids).logits[0, -1].double(), -1)  # the draft
+    assert (p - q).abs().sum() > 0.1  # a draft that really differs
+    assert (emitted_distribution(p, q) - p).abs().max() <= 1e-6
+    assert abs(float(emitted_distribution(p, q).sum()) - 1) <= 1e-9

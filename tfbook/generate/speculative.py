@@ -274,6 +274,7 @@ class SpeculativeGeneration:
     prompt_length: int
     proposed: list[int] = field(default_factory=list)  # draft tokens offered, per target pass
     accepted: list[int] = field(default_factory=list)  # of those, how many the target kept
+    logits: list[Tensor] = field(default_factory=list)  # per new token, the target's (V,)
 
     @property
     def new_tokens(self) -> list[int]:
@@ -324,12 +325,15 @@ def speculative_generate(
     top_p: float | None = None,
     end_ids: int | Sequence[int] = (),
     generator: torch.Generator | None = None,
+    keep_logits: bool = False,
 ) -> SpeculativeGeneration:
     """Continue ONE prompt by up to `max_new_tokens` tokens, `draft_length` guesses per pass.
 
     Greedy (temperature 0) gives the tokens of `generate(target, ...)`; above 0 the tokens
     follow the target's sampling distribution (temperature, top-k, top-p as in `generate`).
     Stops after an end token (kept). `generator` seeds the draws (torch's global one if None).
+    keep_logits: keep, for every new token, the target's scores it was chosen from (a row
+    of a verify pass), to compare with `generate`'s.
     """
     check_model(target, None, True, "speculative_generate")
     if not isinstance(draft, (PromptLookupDraft, ModelDraft)):
@@ -362,8 +366,10 @@ def speculative_generate(
         cache.crop(len(context) + len(kept) - 1)  # rollback: the rejected guesses' positions
         result.proposed.append(len(tokens))
         result.accepted.append(len(kept) - 1)
-        for token in kept:
+        for i, token in enumerate(kept):
             context.append(token)
+            if keep_logits:
+                result.logits.append(logits[i])
             if token in end_ids:
                 return result
     return result
