@@ -27,6 +27,7 @@ T rows of an input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,7 +295,7 @@ def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     if x.shape[1] != q.shape[1]:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {q.shape[1]}: expected equal")
     qx, sx = int8_per_channel(x)  # (T, K) int8, (T,)
-    acc = torch._int_mm(qx, q.T.contiguous())  # (T, K) @ (K, N) -> (T, N) int32, exact
+    acc = torch._int_mm(qx, q.T)  # (T, K) @ (K, N) -> (T, N) int32, exact
     return acc.float() * sx[:, None] * scale.float()[None, :]  # (T, N)
 
 
@@ -319,3 +320,40 @@ def read_gguf_blocks(path: str | Path, names: Iterable[str]) -> dict[str, tuple[
                              f"{GGUF_FORMATS}")
         out[name] = (kind, torch.from_numpy(np.array(t.data, dtype=np.uint8)))  # a copy
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing formats on a model
+# ---------------------------------------------------------------------------------------------
+
+# The formats compared on a whole model, in the order of their cost in bits.
+FORMATS = ("Q8_0", "int8 per channel", "Q4_1", "Q4_0")
+
+
+def round_trip(w: Tensor, fmt: str) -> Tensor:
+    """The weights a matrix (R, K) holds after storing it in `fmt` (one of FORMATS) and
+    reading it back: float32 (R, K)."""
+    if fmt == "int8 per channel":
+        return int8_dequantise(*int8_per_channel(w))
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    return gguf_dequantise(gguf_quantise(w, fmt), fmt)
+
+
+def stored_bytes(shape: tuple[int, ...], fmt: str) -> int:
+    """Bytes a tensor of `shape` takes in `fmt` (FORMATS, or "float32"); a vector (norm
+    gains) always stays float32."""
+    n = math.prod(shape)
+    if fmt == "float32" or len(shape) == 1:
+        return 4 * n
+    if fmt == "int8 per channel":
+        return n + 4 * math.prod(shape[:-1])  # a code a weight, a float32 scale a row
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS} or 'float32', got {fmt!r}")
+    return n // BLOCK * BLOCK_BYTES[fmt]
+
+
+def relative_error(w: Tensor, w_hat: Tensor) -> float:
+    """||w_hat - w|| / ||w|| (Frobenius norms, summed in float64)."""
+    w, w_hat = w.double(), w_hat.double()
+    return float(torch.linalg.vector_norm(w_hat - w) / torch.linalg.vector_norm(w))
