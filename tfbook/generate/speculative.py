@@ -274,6 +274,7 @@ class SpeculativeGeneration:
     prompt_length: int
     proposed: list[int] = field(default_factory=list)  # draft tokens offered, per target pass
     accepted: list[int] = field(default_factory=list)  # of those, how many the target kept
+    drafts: list[list[int]] = field(default_factory=list)  # the guesses of each pass
     logits: list[Tensor] = field(default_factory=list)  # per new token, the target's (V,)
 
     @property
@@ -365,6 +366,7 @@ def speculative_generate(
         kept = verify(logits, tokens, q, rule)
         cache.crop(len(context) + len(kept) - 1)  # rollback: the rejected guesses' positions
         result.proposed.append(len(tokens))
+        result.drafts.append(tokens)
         result.accepted.append(len(kept) - 1)
         for i, token in enumerate(kept):
             context.append(token)
