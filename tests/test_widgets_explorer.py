@@ -216,5 +216,6 @@ def test_bad_input_is_refused() -> None:
         ModelExplorer.from_page_model(model, BYTES, "hi", dtype="bfloat16")
     with pytest.raises(ValueError, match="the page runs GPTs"):
         ModelExplorer.from_page_model(llama(), BYTES, "hi")
-    with pytest.raises(ValueError, match=r"state must be an int >= 0 \(0 is the embedding\), got -1"):
+    with pytest.raises(ValueError,
+                       match=r"state must be an int >= 0 \(0 is the embedding\), got -1"):
         stream_label(-1)
