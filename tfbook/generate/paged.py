@@ -150,7 +150,10 @@ class PagedLayerCache:
         return self.owner.length
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the real new k, v (B, H_kv, T, D) to their slots -> keys, values (B, H_kv, S, D)."""
+        """Write the new k, v (B, H_kv, T, D) into their slots -> all keys, values (B, H_kv, S, D).
+
+        Padding columns of k and v are never written; padding key columns read slot 0 (masked).
+        """
         plan = self.owner.plan
         if plan is None:
             raise RuntimeError("call begin_step(rows) before the forward pass: the paged cache "

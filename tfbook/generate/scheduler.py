@@ -54,6 +54,7 @@ class Request:
     arrival: int = 0  # the first step at which it may be admitted
     output: list[int] = field(default_factory=list)  # the new tokens so far
     preemptions: int = 0  # times its blocks were taken back
+    logits: list[Tensor] = field(default_factory=list)  # (V,) per new token, if kept
 
     @property
     def tokens(self) -> list[int]:
@@ -82,9 +83,12 @@ class ContinuousBatcher:
 
     def __init__(
         self, model: nn.Module, num_blocks: int, block_size: int, max_batch: int = 8,
-        end_ids: int | Sequence[int] = (), pad_id: int = 0,
+        end_ids: int | Sequence[int] = (), pad_id: int = 0, keep_logits: bool = False,
     ) -> None:
         check_model(model, None, True, "ContinuousBatcher")
+        if keep_logits is not True and keep_logits is not False:
+            raise TypeError(f"keep_logits must be True or False, got {keep_logits!r}")
+        self.keep_logits = keep_logits  # keep each request's raw next-token scores
         self.model = model
         self.vocab_size = model_vocab_size(model)
         self.max_batch = check_count("max_batch", max_batch)
@@ -183,7 +187,7 @@ class ContinuousBatcher:
         positions, mask = self.cache.begin_step(rows)
         B, T = positions.size()
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        for b, (request, (_, n)) in enumerate(zip(batch, rows)):
+        for b, (request, (_, n)) in enumerate(zip(batch, rows, strict=True)):
             ids[b, T - n:] = torch.tensor(request.tokens[-n:])  # left-padded
         try:
             out = self.model(ids.to(positions.device), positions=positions,
@@ -192,12 +196,15 @@ class ContinuousBatcher:
             self.cache.cancel_step()
             raise
         self.cache.end_step()
-        tokens = greedy(out.logits[:, -1]).tolist()  # (B,): every row's last column is real
+        logits = out.logits[:, -1]  # (B, V): every row's last column is real
+        tokens = greedy(logits).tolist()  # (B,)
         if kind == "prefill":
             self.running += admitted
         finished = []
-        for request, token in zip(batch, tokens):
+        for b, (request, token) in enumerate(zip(batch, tokens, strict=True)):
             request.output.append(token)
+            if self.keep_logits:
+                request.logits.append(logits[b].clone())
             if len(request.output) == request.max_new_tokens or token in self.end_ids:
                 self.running.remove(request)
                 alloc.release(request.id)
@@ -238,7 +245,7 @@ def generate_paged(
         raise ValueError(f"one max_new_tokens per prompt: {len(prompts)} prompts, "
                          f"{len(budgets)} budgets")
     batcher = ContinuousBatcher(model, num_blocks, block_size, max_batch, end_ids)
-    ids = [batcher.submit(p, n) for p, n in zip(prompts, budgets)]
+    ids = [batcher.submit(p, n) for p, n in zip(prompts, budgets, strict=True)]
     outputs = batcher.run()
     return [outputs[i] for i in ids]
 
