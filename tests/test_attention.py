@@ -1,10 +1,18 @@
 """Attention equals torch: F.scaled_dot_product_attention and nn.MultiheadAttention."""
 
+import importlib.util
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tfbook.attention import MultiHeadAttention, scaled_dot_product_attention
+from tfbook.attention import (
+    ATTENTION_KERNELS,
+    MultiHeadAttention,
+    attend,
+    scaled_dot_product_attention,
+)
 from tfbook.masks import causal_mask, combine_masks, padding_mask
 from tfbook.torch_reference import torch_attention
 
@@ -106,15 +114,60 @@ def test_mha_causal_equals_torch_attn_mask():
     assert (ours - theirs).abs().max() <= 1e-5
 
 
+HAS_FLASH = importlib.util.find_spec("tfbook.flash") is not None
+KERNELS = [pytest.param(k, marks=pytest.mark.skipif(
+    k == "flash" and not HAS_FLASH, reason="the flash kernel's module tfbook.flash is missing"))
+    for k in ATTENTION_KERNELS]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("causal", [False, True])
-def test_fused_path_equals_manual_path(causal):
+def test_every_kernel_equals_the_reference(kernel, causal):
     mha = make_mha(seed=3)
+    mha.attention = kernel
     x = torch.randn(B, T, 32)
     mask = padding_mask(torch.tensor([7, 4, 2]), T)
-    manual, w = mha(x, mask=mask, causal=causal, need_weights=True)
-    fused, none = mha(x, mask=mask, causal=causal, need_weights=False)
+    manual, w = mha(x, mask=mask, causal=causal, need_weights=True)  # weights: the reference
+    fast, none = mha(x, mask=mask, causal=causal, need_weights=False)
     assert none is None and w is not None
-    assert (manual - fused).abs().max() <= 1e-6
+    assert (manual - fast).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("T_q,S_k,causal",
+                         [(7, 7, True), (3, 9, True), (5, 8, False), (1, 6, True)])
+def test_attend_kernels_agree_with_grouped_heads_and_masks(kernel, T_q, S_k, causal):
+    # 4 query heads share 2 key/value heads; with S > T the queries are the last T positions
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, T_q, D, generator=g)
+    k, v = torch.randn(2, 2, S_k, D, generator=g), torch.randn(2, 2, S_k, D, generator=g)
+    mask = padding_mask(torch.tensor([S_k, S_k - 2]), S_k)  # (2, 1, 1, S)
+    ref, weights = attend(q, k, v, mask, causal, need_weights=True, kernel="reference")
+    out, none = attend(q, k, v, mask, causal, kernel=kernel)
+    assert none is None and weights.shape == (2, 4, T_q, S_k)
+    assert (out - ref).abs().max() <= 1e-6
+
+
+def test_the_flash_kernel_names_its_module_when_it_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tfbook.flash", None)  # as if the file did not exist
+    q, k, v = qkv()
+    with pytest.raises(ModuleNotFoundError, match=r"tfbook\.flash is missing.*'reference' or "
+                                                  r"'torch'"):
+        attend(q, k, v, kernel="flash")
+    out, w = attend(q, k, v, kernel="flash", need_weights=True)  # weights: the reference runs
+    assert w is not None and out.shape == (B, H, T, D)
+
+
+def test_bad_kernels_are_refused_by_name():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"kernel must be one of \('reference', 'torch', "
+                                         r"'flash'\), got 'fused'"):
+        attend(q, k, v, kernel="fused")
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: attention must be one of .*"
+                                         r"got True"):
+        MultiHeadAttention(32, 4, attention=True)
+    with pytest.raises(ValueError, match=r"'flash' kernel has no dropout, got dropout_p=0.1"):
+        attend(q, k, v, dropout_p=0.1, kernel="flash")
 
 
 def test_attention_without_positions_is_permutation_equivariant():
@@ -128,8 +181,11 @@ def test_attention_without_positions_is_permutation_equivariant():
 
 
 def test_bad_inputs_name_expected_and_given():
-    with pytest.raises(ValueError, match="divisible by n_heads, got d_model=30, n_heads=4"):
+    with pytest.raises(ValueError, match="MultiHeadAttention: d_model=30 is not divisible by "
+                                         "n_heads=4"):
         MultiHeadAttention(30, 4)
+    with pytest.raises(TypeError, match="positional"):  # only C and H by position
+        MultiHeadAttention(32, 4, 0.1)
     mha = make_mha()
     x = torch.randn(B, T, 32)
     with pytest.raises(TypeError, match="torch.bool.*got torch.int64"):

@@ -1,13 +1,23 @@
 """Every config validates at construction and says what is wrong in its own field names."""
 
+from dataclasses import fields, replace
+
 import pytest
 import torch
 
 from tfbook.attention import MultiHeadAttention
-from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock
+from tfbook.blocks import (
+    BLOCK_FIELDS,
+    BlockConfig,
+    CrossAttentionBlock,
+    SelfAttentionBlock,
+    block_config_of,
+)
+from tfbook.feedforward import gelu_tanh
 from tfbook.models.bert import BertConfig
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.transformer import TransformerConfig
+from tfbook.normalization import LayerNorm
 from tfbook.torch_reference import torch_decoder_layer, torch_encoder_layer
 
 BAD = [
@@ -33,6 +43,20 @@ BAD = [
     (TransformerConfig, {"tgt_vocab_size": 10}, r"TransformerConfig: share_embeddings needs"),
     (BlockConfig, {"d_ff": 0}, r"BlockConfig: d_ff must be a positive int, got 0"),
     (BlockConfig, {"dropout": 2}, r"BlockConfig: dropout must lie in \[0, 1\], got 2"),
+    # the kernels: attention by name, LayerNorm and activation by their own switches
+    (GPTConfig, {"attention": "fused"}, r"GPTConfig: attention must be one of \('reference', "
+                                        r"'torch', 'flash'\), got 'fused'"),
+    (BertConfig, {"attention": None}, r"BertConfig: attention must be one of .*got None"),
+    (TransformerConfig, {"attention": "sdpa"}, r"TransformerConfig: attention must be one of"),
+    (BlockConfig, {"attention": "eager"}, r"BlockConfig: attention must be one of"),
+    (GPTConfig, {"fused_norm": "yes"}, r"GPTConfig: fused_norm must be True or False, got 'yes'"),
+    (BertConfig, {"fused_activation": 1}, r"BertConfig: fused_activation must be True or False"),
+    (TransformerConfig, {"norm_first": None}, r"TransformerConfig: norm_first must be True or"),
+    (BlockConfig, {"bias": "no"}, r"BlockConfig: bias must be True or False, got 'no'"),
+    (GPTConfig, {"rope_convention": "split"}, r"GPTConfig: rope_convention must be one of"),
+    (GPTConfig, {"norm_eps": "1e-5"}, r"GPTConfig: norm_eps must be > 0, got '1e-5'"),
+    (BertConfig, {"d_model": 30}, r"BertConfig: d_model=30 is not divisible by n_heads=12"),
+    (TransformerConfig, {"d_ff": -1}, r"TransformerConfig: d_ff must be a positive int, got -1"),
 ]
 
 
@@ -43,15 +67,68 @@ def test_bad_configs_are_refused_in_their_own_words(config, changes, message):
 
 
 def test_bad_attention_arguments():
-    with pytest.raises(ValueError, match="n_heads must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="MultiHeadAttention: n_heads must be a positive int, "
+                                         "got 0"):
         MultiHeadAttention(32, 0)
-    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"MultiHeadAttention: dropout must lie in \[0, 1\], "
+                                         r"got 1.5"):
         MultiHeadAttention(32, 4, dropout=1.5)
+    with pytest.raises(ValueError, match="MultiHeadAttention: n_heads=4 is not a multiple of "
+                                         "n_kv_heads=3"):
+        MultiHeadAttention(32, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="MultiHeadAttention: RoPE needs rope_base > 1 and an "
+                                         "even head size, got rope_base=10000.0 and head size 5"):
+        MultiHeadAttention(20, 4, rope_base=10000.0)
+    with pytest.raises(ValueError, match="MultiHeadAttention: rope_precision must be one of"):
+        MultiHeadAttention(32, 4, rope_base=10000.0, rope_precision="float16")
+    with pytest.raises(TypeError, match="positional"):  # the settings are keyword-only
+        MultiHeadAttention(32, 4, 0.1, True)
     mha = MultiHeadAttention(32, 4)
     with pytest.raises(ValueError, match=r"expected x of shape \(B, T, 32\), got \(5, 32\)"):
         mha(torch.randn(5, 32))
     with pytest.raises(ValueError, match=r"expected source of shape \(2, S, 32\).*\(3, 4, 32\)"):
         mha(torch.randn(2, 5, 32), torch.randn(3, 4, 32))
+
+
+SHARED = sorted(set(BLOCK_FIELDS) & {f.name for f in fields(GPTConfig)})
+OTHER_VALUE = {"d_model": 96, "n_heads": 16, "d_ff": 100, "dropout": 0.25, "activation": "relu",
+               "norm_eps": 1e-3, "bias": False, "attention": "reference", "fused_norm": False,
+               "fused_activation": False, "norm": "rms", "ffn": "swiglu", "n_kv_heads": 4,
+               "rope_base": 500.0, "rope_convention": "half", "rope_precision": "float32"}
+
+
+@pytest.mark.parametrize("field", SHARED)
+def test_every_shared_field_reaches_the_block(field):
+    """block_config_of copies each field GPTConfig shares with BlockConfig, none by hand."""
+    base = replace(GPTConfig.tiny(), position="rope")
+    changed = replace(base, **{field: OTHER_VALUE[field]})
+    assert getattr(changed.block_config(), field) == OTHER_VALUE[field]
+    assert getattr(base.block_config(), field) != OTHER_VALUE[field]
+
+
+def test_the_model_decides_its_own_block_settings():
+    gpt = GPTConfig.tiny()
+    assert gpt.block_config().norm_first and gpt.block_config().d_ff == 4 * gpt.d_model
+    assert gpt.block_config().rope_base is None  # learned positions: no rotation
+    assert replace(gpt, position="rope").block_config().rope_base == gpt.rope_base
+    bert = BertConfig.tiny()
+    assert not bert.block_config().norm_first and bert.block_config().activation == "gelu"
+    assert TransformerConfig.tiny().block_config().norm_first is False
+    with pytest.raises(TypeError, match=r"block settings must be BlockConfig fields .*"
+                                        r"got \['pre_norm'\]"):
+        block_config_of(gpt, pre_norm=True)
+
+
+def test_the_kernels_reach_every_module():
+    config = replace(GPTConfig.tiny(), attention="reference", fused_norm=False,
+                     fused_activation=False)
+    model = GPT(config)
+    assert all(block.attn.attention == "reference" for block in model.blocks)
+    assert not any(m.fused for m in model.modules() if isinstance(m, LayerNorm))
+    assert model.blocks[0].ff.act is gelu_tanh  # our code, not F.gelu
+    fast = GPT(GPTConfig.tiny())
+    assert all(block.attn.attention == "torch" for block in fast.blocks)
+    assert all(m.fused for m in fast.modules() if isinstance(m, LayerNorm))
 
 
 def test_bad_model_inputs():

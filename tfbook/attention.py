@@ -16,12 +16,16 @@ Masks are boolean, True = may attend (see `tfbook.masks`).
 """
 
 import math
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfbook.cache import LayerCache
+from tfbook.config import check_choice, check_positive, check_probability, is_number
 from tfbook.masks import causal_mask, check_mask, combine_masks
 from tfbook.rope import (
     CONVENTIONS,
@@ -72,25 +76,76 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return x[:, :, None].expand(B, H_kv, n_rep, S, D).reshape(B, H_kv * n_rep, S, D)
 
 
+ATTENTION_KERNELS = ("reference", "torch", "flash")  # the names `attend` knows
+
+
+def check_attention_settings(settings: Any, owner: str) -> None:
+    """Check the attention fields of `settings` (a config, or a module's arguments) and name
+    `owner` in the error: d_model, n_heads, n_kv_heads, dropout, attention, rope_*."""
+    check_positive(settings, "d_model", "n_heads", owner=owner)
+    if settings.n_kv_heads is not None:
+        check_positive(settings, "n_kv_heads", owner=owner)
+    check_probability(settings, "dropout", owner=owner)
+    check_choice(settings, "attention", ATTENTION_KERNELS, owner=owner)
+    check_choice(settings, "rope_convention", CONVENTIONS, owner=owner)
+    check_choice(settings, "rope_precision", PRECISIONS, owner=owner)
+    d_model, n_heads, n_kv_heads = settings.d_model, settings.n_heads, settings.n_kv_heads
+    if d_model % n_heads != 0:
+        raise ValueError(f"{owner}: d_model={d_model} is not divisible by n_heads={n_heads}")
+    if n_kv_heads is not None and n_heads % n_kv_heads != 0:
+        raise ValueError(
+            f"{owner}: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}"
+        )
+    base = settings.rope_base
+    if base is not None and (not is_number(base) or not base > 1.0
+                             or (d_model // n_heads) % 2 == 1):
+        raise ValueError(
+            f"{owner}: RoPE needs rope_base > 1 and an even head size, got rope_base="
+            f"{base!r} and head size {d_model // n_heads}"
+        )
+
+
+def flash_kernel() -> Callable[..., Tensor]:
+    """`tfbook.flash.flash_attention`, imported when first asked for (the "flash" kernel)."""
+    try:
+        from tfbook.flash import flash_attention
+    except ModuleNotFoundError as error:
+        if error.name != "tfbook.flash":
+            raise
+        raise ModuleNotFoundError(
+            "the 'flash' attention kernel is tfbook.flash.flash_attention, but the module "
+            "tfbook.flash is missing; choose attention='reference' or 'torch'",
+            name="tfbook.flash",
+        ) from None
+    return flash_attention
+
+
 def attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False,
-    dropout_p: float = 0.0, need_weights: bool = False, fused: bool = False,
+    dropout_p: float = 0.0, need_weights: bool = False, kernel: str = "reference",
 ) -> tuple[Tensor, Tensor | None]:
     """The one place that picks the attention kernel: q (B, H, T, D), k, v (B, H_kv, S, D).
 
     Each of the H_kv key/value heads serves H / H_kv query heads (grouped-query attention).
-    Our `scaled_dot_product_attention`, on keys and values repeated to H heads, when the
-    weights are wanted (or `fused` is off); else torch's fused kernel, which computes the same
-    function without keeping the (T, S) weights and shares the key/value heads without
-    copying them (enable_gqa). `causal` puts the T queries at the last T of the S key
-    positions (as with a cache); the causal mask is built only when it hides something (T > 1).
+    The kernels compute the same function and differ in what they keep:
+
+    - "reference": our `scaled_dot_product_attention` on keys and values repeated to H heads;
+      it builds the (T, S) weights, so it is also what runs whenever the weights are wanted;
+    - "torch": torch's fused `F.scaled_dot_product_attention`, which never keeps the weights
+      and shares the key/value heads without copying them (enable_gqa);
+    - "flash": ours, tiled over blocks of queries and keys (`tfbook.flash`), no (T, S) matrix.
+
+    `causal` puts the T queries at the last T of the S key positions (as with a cache); the
+    causal mask is built only when it hides something (T > 1).
     -> out (B, H, T, D) and weights (B, H, T, S) or None.
     """
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"kernel must be one of {ATTENTION_KERNELS}, got {kernel!r}")
     H, T, S = q.size(1), q.size(-2), k.size(-2)
     causal = causal and T > 1  # a single (last) query may see every key: nothing to hide
     if mask is not None:
         check_mask(mask, T, S)
-    if fused and not need_weights:
+    if kernel == "torch" and not need_weights:
         grouped = {"enable_gqa": True} if k.size(1) != H else {}
         if causal and mask is None and S == T:
             # a plain square causal mask: the kernel's is_causal flag skips masked blocks
@@ -101,6 +156,11 @@ def attend(
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=dropout_p,
                                              **grouped)
         return out, None
+    if kernel == "flash" and not need_weights:
+        if dropout_p > 0.0:
+            raise ValueError(f"the 'flash' kernel has no dropout, got dropout_p={dropout_p}: "
+                             "train with attention='torch' or 'reference', or dropout=0")
+        return flash_kernel()(q, k, v, mask=mask, causal=causal), None
     n_rep = H // k.size(1)
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D): shared across groups
     full = combine_masks(causal_mask(T, S, q.device) if causal else None, mask)
@@ -115,42 +175,28 @@ class MultiHeadAttention(nn.Module):
     queries come from `x` (B, T, C) and the keys and values from `source` (B, S, C).
     The same module serves the encoder (BERT), the decoder (GPT, Llama-style models) and both
     attentions of the encoder-decoder (Vaswani et al. 3.2.2; Ainslie et al. 2023).
+    Inside a model, `BlockConfig.make_attention()` builds it from the block's settings.
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-        fused: bool = False, n_kv_heads: int | None = None, rope_base: float | None = None,
-        rope_convention: str = "interleaved", rope_precision: str = "float64",
+        self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True,
+        attention: str = "reference", n_kv_heads: int | None = None,
+        rope_base: float | None = None, rope_convention: str = "interleaved",
+        rope_precision: str = "float64",
     ) -> None:
         super().__init__()
+        check_attention_settings(SimpleNamespace(
+            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, dropout=dropout,
+            attention=attention, rope_base=rope_base, rope_convention=rope_convention,
+            rope_precision=rope_precision), owner="MultiHeadAttention")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        for name, value in (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model must be divisible by n_heads, got d_model={d_model}, n_heads={n_heads}"
-            )
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads must be a multiple of n_kv_heads, got n_heads={n_heads}, "
-                f"n_kv_heads={n_kv_heads}"
-            )
-        if not 0.0 <= dropout <= 1.0:
-            raise ValueError(f"dropout must lie in [0, 1], got {dropout}")
-        if rope_convention not in CONVENTIONS:
-            raise ValueError(
-                f"rope_convention must be one of {CONVENTIONS}, got {rope_convention!r}"
-            )
-        if rope_precision not in PRECISIONS:
-            raise ValueError(f"rope_precision must be one of {PRECISIONS}, got {rope_precision!r}")
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_size = d_model // n_heads
         self.dropout = dropout
-        # fused=True lets forward() call torch's fused kernel when the weights are not asked
-        # for; it computes the same function (the tests check), only faster and leaner.
-        self.fused = fused
+        # the kernel `attend` runs when the weights are not asked for: "reference", "torch"
+        # or "flash" compute the same function (the tests check), at different costs
+        self.attention = attention
         self.rope_base = rope_base  # None: no rotation (positions were added to the input)
         self.rope_convention = rope_convention
         self.rope_precision = rope_precision
@@ -236,7 +282,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 cache.cross = (k, v)
         p = self.dropout if self.training else 0.0
-        y, weights = attend(q, k, v, mask, causal, p, need_weights, self.fused)
+        y, weights = attend(q, k, v, mask, causal, p, need_weights, self.attention)
         # y (B, H, T, D); weights (B, H, T, S) or None
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, H, D) -> (B, T, C): concat
         return self.out_proj(y), weights

@@ -15,27 +15,31 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
   decoder of the encoder-decoder.
 
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
-key/value heads (grouped-query attention) and RoPE inside attention (its base and pair
-convention); a Llama-style decoder is a GPT with another `BlockConfig`.
+key/value heads (grouped-query attention), RoPE inside attention (its base and pair
+convention) and the kernels; a Llama-style decoder is a GPT with another `BlockConfig`.
+It is the one source of block settings: every model config builds its own with
+`block_config_of`, which copies the fields of the same name and checks them in the model
+config's words.
 Shape legend: B batch, T target sequence, S source sequence, C model width.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from types import SimpleNamespace
+from typing import Any
 
 from torch import Tensor, nn
 
-from tfbook.attention import MultiHeadAttention
+from tfbook.attention import MultiHeadAttention, check_attention_settings
 from tfbook.cache import LayerCache
-from tfbook.config import check_choice, check_positive, check_probability
+from tfbook.config import check_bool, check_choice, check_positive, is_number
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.normalization import NORMS, make_norm
-from tfbook.rope import CONVENTIONS, PRECISIONS
 
 
 @dataclass(frozen=True)
 class BlockConfig:
-    """Hyper-parameters of one block; every model's config builds one (`block_config()`)."""
+    """Hyper-parameters of one block; a model config builds one with `block_config_of`."""
 
     d_model: int = 512  # C, width of the residual stream
     n_heads: int = 8  # H, attention (query) heads; D = C / H
@@ -45,9 +49,13 @@ class BlockConfig:
     norm_first: bool = False  # False: post-LN (Vaswani, BERT); True: pre-LN (GPT-2, Llama)
     norm_eps: float = 1e-5  # added to the variance (or mean square) inside the norm
     bias: bool = True  # biases in the linear layers and the LayerNorms
-    # torch's fused kernels for attention (when its weights are not asked for), LayerNorm
-    # and the activation: the same maths, tested equal, just faster; False runs our own code
-    fused: bool = True
+    # The kernels: each computes the same maths as our own readable code (the tests check),
+    # only faster or leaner. Attention's is chosen by name in `attend` ("reference" is ours,
+    # and runs whenever the weights are asked for); LayerNorm and the activation have their
+    # own switches: True calls torch's one-kernel versions, False our code.
+    attention: str = "torch"  # "reference", "torch" (F.scaled_dot_product_attention), "flash"
+    fused_norm: bool = True  # F.layer_norm instead of our layer_norm (RMSNorm is always ours)
+    fused_activation: bool = True  # F.gelu, F.silu, F.relu instead of ours
     norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
     ffn: str = "mlp"  # "mlp" (act(x W1) W2) or "swiglu" (gated, three matrices)
     n_kv_heads: int | None = None  # H_kv key/value heads; None = H (plain multi-head)
@@ -56,48 +64,57 @@ class BlockConfig:
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
 
     def __post_init__(self) -> None:
-        check_positive(self, "d_model", "n_heads", "d_ff")
-        if self.n_kv_heads is not None:
-            check_positive(self, "n_kv_heads")
-        check_probability(self, "dropout")
-        check_choice(self, "activation", ACTIVATIONS)
-        check_choice(self, "norm", NORMS)
-        check_choice(self, "ffn", FFNS)
-        check_choice(self, "rope_convention", CONVENTIONS)
-        check_choice(self, "rope_precision", PRECISIONS)
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"BlockConfig: d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
-            )
-        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"BlockConfig: n_heads={self.n_heads} is not a multiple of "
-                f"n_kv_heads={self.n_kv_heads}"
-            )
-        odd_heads = (self.d_model // self.n_heads) % 2 == 1
-        if self.rope_base is not None and (self.rope_base <= 1.0 or odd_heads):
-            raise ValueError(
-                f"BlockConfig: RoPE needs rope_base > 1 and an even head size, got rope_base="
-                f"{self.rope_base} and head size {self.d_model // self.n_heads}"
-            )
-        if self.norm_eps <= 0:
-            raise ValueError(f"BlockConfig: norm_eps must be > 0, got {self.norm_eps}")
+        check_block_settings(self, owner="BlockConfig")
 
-    def attention(self) -> MultiHeadAttention:
+    def make_attention(self) -> MultiHeadAttention:
         """The attention sub-layer this config describes."""
         return MultiHeadAttention(
-            self.d_model, self.n_heads, self.dropout, self.bias, self.fused, self.n_kv_heads,
-            self.rope_base, self.rope_convention, self.rope_precision,
+            self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias,
+            attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
+            rope_convention=self.rope_convention, rope_precision=self.rope_precision,
         )
 
-    def feed_forward(self) -> nn.Module:
+    def make_feed_forward(self) -> nn.Module:
         """The feed-forward sub-layer this config describes."""
         return make_ffn(self.ffn, self.d_model, self.d_ff, self.activation, self.dropout,
-                        self.bias, self.fused)
+                        self.bias, self.fused_activation)
 
     def make_norm(self) -> nn.Module:
         """One normalisation layer of this config."""
-        return make_norm(self.norm, self.d_model, self.norm_eps, self.fused, self.bias)
+        return make_norm(self.norm, self.d_model, self.norm_eps, self.fused_norm, self.bias)
+
+
+def check_block_settings(settings: Any, owner: str) -> None:
+    """Check every BlockConfig field of `settings`; errors name `owner` (the config checked)."""
+    check_attention_settings(settings, owner)
+    check_positive(settings, "d_ff", owner=owner)
+    check_choice(settings, "activation", ACTIVATIONS, owner=owner)
+    check_choice(settings, "norm", NORMS, owner=owner)
+    check_choice(settings, "ffn", FFNS, owner=owner)
+    check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", owner=owner)
+    if not is_number(settings.norm_eps) or not settings.norm_eps > 0:
+        raise ValueError(f"{owner}: norm_eps must be > 0, got {settings.norm_eps!r}")
+
+
+BLOCK_FIELDS = tuple(f.name for f in fields(BlockConfig))  # the settings every block reads
+
+
+def block_config_of(config: Any, **settings: Any) -> BlockConfig:
+    """The BlockConfig of a model config, checked in the model config's own name.
+
+    Every BlockConfig field the model config also has (same name, same meaning: d_model,
+    n_heads, dropout, the kernels, ...) is taken from it; `settings` are the ones the model
+    decides itself (BERT's post-LN and GELU, GPT's pre-LN); the rest keep BlockConfig's
+    defaults. A bad value is reported as the model config's: "GPTConfig: n_heads must be ...".
+    """
+    unknown = sorted(set(settings) - set(BLOCK_FIELDS))
+    if unknown:
+        raise TypeError(f"block settings must be BlockConfig fields {BLOCK_FIELDS}, got {unknown}")
+    shared = {f.name: getattr(config, f.name) for f in fields(config) if f.name in BLOCK_FIELDS}
+    values = {**shared, **settings}
+    defaults = {f.name: f.default for f in fields(BlockConfig)}
+    check_block_settings(SimpleNamespace(**{**defaults, **values}), owner=type(config).__name__)
+    return BlockConfig(**values)
 
 
 SubLayer = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # h -> (output, attention weights)
@@ -120,9 +137,9 @@ class SelfAttentionBlock(nn.Module):
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
         self.norm_first = config.norm_first
-        self.attn = config.attention()
+        self.attn = config.make_attention()
         self.norm1 = config.make_norm()
-        self.ff = config.feed_forward()
+        self.ff = config.make_feed_forward()
         self.norm2 = config.make_norm()
         self.dropout = nn.Dropout(config.dropout)  # on each sub-layer's output (stateless)
 
@@ -151,11 +168,11 @@ class CrossAttentionBlock(nn.Module):
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
         self.norm_first = config.norm_first
-        self.self_attn = config.attention()
+        self.self_attn = config.make_attention()
         self.norm1 = config.make_norm()
-        self.cross_attn = config.attention()
+        self.cross_attn = config.make_attention()
         self.norm2 = config.make_norm()
-        self.ff = config.feed_forward()
+        self.ff = config.make_feed_forward()
         self.norm3 = config.make_norm()
         self.dropout = nn.Dropout(config.dropout)  # on each sub-layer's output (stateless)
 

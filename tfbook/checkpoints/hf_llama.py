@@ -60,9 +60,16 @@ def rename_hf_llama(hf_state: dict[str, Tensor], n_layers: int) -> dict[str, Ten
 
 
 @torch.no_grad()
-def tfbook_from_hf_llama(hf_model: Any, fused: bool = True) -> GPT:
-    """A tfbook GPT holding a copy of `hf_model`'s weights (strict: every tensor must fit)."""
-    config = replace(config_from_hf_llama(hf_model.config), fused=fused)
+def tfbook_from_hf_llama(
+    hf_model: Any, *, attention: str = "torch", fused_activation: bool = True
+) -> GPT:
+    """A tfbook GPT holding a copy of `hf_model`'s weights (strict: every tensor must fit).
+
+    `attention` names the attention kernel and `fused_activation` picks torch's SiLU or ours
+    (GPTConfig's fields of the same names; RMSNorm is always our code).
+    """
+    config = replace(config_from_hf_llama(hf_model.config), attention=attention,
+                     fused_activation=fused_activation)
     model = GPT(config).eval()
     state = rename_hf_llama(dict(hf_model.state_dict()), config.n_layers)
     if config.tie_weights:

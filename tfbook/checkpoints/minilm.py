@@ -127,10 +127,15 @@ def load_hf_bert(hf_tensors: dict[str, Tensor], config: BertConfig) -> Bert:
     return model.eval()
 
 
-def load_minilm(model_dir: Path | str | None = None, fused: bool = True) -> Bert:
+def load_minilm(
+    model_dir: Path | str | None = None, *, attention: str = "torch", fused_norm: bool = True,
+    fused_activation: bool = True,
+) -> Bert:
     """The pretrained all-MiniLM-L6-v2 as a tfbook Bert, in eval mode (no dropout).
 
-    fused=False runs every LayerNorm, GELU and attention through tfbook's own code.
+    The kernels are BertConfig's fields of the same names: attention="reference",
+    fused_norm=False, fused_activation=False run every attention, LayerNorm and GELU through
+    tfbook's own code.
     """
     if model_dir is not None and not isinstance(model_dir, str | Path):
         raise TypeError(f"model_dir must be a str, a Path or None, got {type(model_dir).__name__}")
@@ -145,7 +150,8 @@ def load_minilm(model_dir: Path | str | None = None, fused: bool = True) -> Bert
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{model_dir / 'config.json'} is not a JSON file: {error}") from None
     config = bert_config_from_hf(hf_config)
-    config = replace(config, fused=fused)
+    config = replace(config, attention=attention, fused_norm=fused_norm,
+                     fused_activation=fused_activation)
     try:
         hf_tensors = load_file(model_dir / "model.safetensors")  # plain tensors, no pickle
     except SafetensorError as error:

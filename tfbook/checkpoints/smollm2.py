@@ -458,7 +458,9 @@ HF_RELATIVE_BOUND = 1e-5
 
 
 @torch.no_grad()
-def load_smollm2(layout: str = "gguf", fused: bool = True) -> GPT:
+def load_smollm2(
+    layout: str = "gguf", *, attention: str = "torch", fused_activation: bool = True
+) -> GPT:
     """SmolLM2-135M-Instruct as a tfbook GPT (float32, eval mode), from the shipped GGUF.
 
     layout="gguf": W_Q and W_K as llama.cpp stores them, run with interleaved RoPE and
@@ -467,6 +469,8 @@ def load_smollm2(layout: str = "gguf", fused: bool = True) -> GPT:
     layout="hf": the rows put back in Hugging Face's order, half-split RoPE and angles in
     float32 as Hugging Face computes them: the same logits as `LlamaForCausalLM` with its
     "sdpa" attention, bit for bit (tested).
+    `attention` names the attention kernel and `fused_activation` picks torch's SiLU or ours
+    (GPTConfig's fields of the same names; its RMSNorm is always our code).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -476,7 +480,7 @@ def load_smollm2(layout: str = "gguf", fused: bool = True) -> GPT:
         config = llama_config(**hp)
     else:
         config = llama_config(**hp, rope_convention="half", rope_precision="float32")
-    config = replace(config, fused=fused)
+    config = replace(config, attention=attention, fused_activation=fused_activation)
     state = {name: t.clone() for name, t in tfbook_state_dict(gguf_file).items()}  # own copy
     if layout == "hf":
         for i in range(hp["n_layers"]):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tfbook.blocks import BlockConfig, SelfAttentionBlock
+from tfbook.blocks import BlockConfig, SelfAttentionBlock, block_config_of
 from tfbook.config import check_positive
 from tfbook.embeddings import TokenEmbedding, check_token_ids
 from tfbook.feedforward import gelu
@@ -36,21 +36,17 @@ class BertConfig:
     d_ff: int = 3072  # F, FFN hidden size ("intermediate size")
     dropout: float = 0.1  # hidden and attention dropout
     norm_eps: float = 1e-12  # BERT's (very small) LayerNorm epsilon
-    fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
+    attention: str = "torch"  # attention kernel: "reference" (ours), "torch" (SDPA) or "flash"
+    fused_norm: bool = True  # torch's one-kernel LayerNorm (False: our layer_norm)
+    fused_activation: bool = True  # torch's one-kernel activation (False: ours)
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "max_len", "type_vocab_size", "n_layers")
-        try:
-            self.block_config()
-        except ValueError as error:  # say it in this config's words
-            raise ValueError(str(error).replace("BlockConfig", "BertConfig")) from None
+        self.block_config()  # checks the block settings, in BertConfig's words
 
     def block_config(self) -> BlockConfig:
-        """The per-block settings: post-LN, exact (erf) GELU."""
-        return BlockConfig(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            activation="gelu", norm_first=False, norm_eps=self.norm_eps, fused=self.fused,
-        )
+        """The per-block settings: the fields shared with BlockConfig, post-LN, exact GELU."""
+        return block_config_of(self, activation="gelu", norm_first=False)
 
     @classmethod
     def bert_base(cls) -> "BertConfig":
@@ -76,7 +72,7 @@ class BertEmbeddings(nn.Module):
         self.token = TokenEmbedding(config.vocab_size, config.d_model)
         self.position = LearnedPositionalEmbedding(config.max_len, config.d_model)
         self.token_type = TokenEmbedding(config.type_vocab_size, config.d_model)
-        self.norm = LayerNorm(config.d_model, config.norm_eps, config.fused)
+        self.norm = LayerNorm(config.d_model, config.norm_eps, config.fused_norm)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -134,7 +130,7 @@ class BertMLMHead(nn.Module):
     def __init__(self, config: BertConfig, token_embedding: TokenEmbedding) -> None:
         super().__init__()
         self.dense = nn.Linear(config.d_model, config.d_model)
-        self.norm = LayerNorm(config.d_model, config.norm_eps, config.fused)
+        self.norm = LayerNorm(config.d_model, config.norm_eps, config.fused_norm)
         self.token_embedding = token_embedding  # shared E: (V, C)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # (V,)
 

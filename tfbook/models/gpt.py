@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tfbook.blocks import BlockConfig, SelfAttentionBlock
+from tfbook.blocks import BlockConfig, SelfAttentionBlock, block_config_of
 from tfbook.cache import KVCache
 from tfbook.config import check_choice, check_positive
 from tfbook.embeddings import TokenEmbedding, check_token_ids
@@ -42,7 +42,9 @@ class GPTConfig:
     activation: str = "gelu_tanh"  # GPT-2 uses the tanh approximation of GELU
     bias: bool = True  # biases in linear layers and LayerNorms, as in GPT-2
     tie_weights: bool = True  # output layer shares the token embedding matrix
-    fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
+    attention: str = "torch"  # attention kernel: "reference" (ours), "torch" (SDPA) or "flash"
+    fused_norm: bool = True  # torch's one-kernel LayerNorm (False: our layer_norm)
+    fused_activation: bool = True  # torch's one-kernel activation (False: ours)
     norm: str = "layer"  # "layer" (GPT-2) or "rms" (Llama)
     norm_eps: float = 1e-5  # epsilon inside every norm
     ffn: str = "mlp"  # "mlp" (GPT-2) or "swiglu" (Llama)
@@ -55,21 +57,14 @@ class GPTConfig:
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
         check_choice(self, "position", POSITIONS)
-        try:
-            self.block_config()
-        except ValueError as error:  # say it in this config's words
-            raise ValueError(str(error).replace("BlockConfig", "GPTConfig")) from None
+        self.block_config()  # checks the block settings, in GPTConfig's words
 
     def block_config(self) -> BlockConfig:
-        """The per-block settings: pre-norm, causal use decided by the model."""
-        return BlockConfig(
-            d_model=self.d_model, n_heads=self.n_heads,
-            d_ff=4 * self.d_model if self.d_ff is None else self.d_ff,
-            dropout=self.dropout, activation=self.activation, norm_first=True,
-            norm_eps=self.norm_eps, bias=self.bias, fused=self.fused, norm=self.norm,
-            ffn=self.ffn, n_kv_heads=self.n_kv_heads,
+        """The per-block settings: the fields shared with BlockConfig, pre-norm, F = 4C by
+        default, and RoPE only when the positions are rotary (causal use decided by GPT)."""
+        return block_config_of(
+            self, norm_first=True, d_ff=4 * self.d_model if self.d_ff is None else self.d_ff,
             rope_base=self.rope_base if self.position == "rope" else None,
-            rope_convention=self.rope_convention, rope_precision=self.rope_precision,
         )
 
     @property

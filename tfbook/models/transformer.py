@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock
+from tfbook.blocks import BlockConfig, CrossAttentionBlock, SelfAttentionBlock, block_config_of
 from tfbook.cache import KVCache
 from tfbook.config import check_positive
 from tfbook.embeddings import TokenEmbedding
@@ -44,15 +44,14 @@ class TransformerConfig:
     share_embeddings: bool = True  # one matrix for source, target and output (needs one vocab)
     scale_embeddings: bool = True  # multiply embeddings by sqrt(C) (section 3.4)
     norm_eps: float = 1e-5  # LayerNorm epsilon
-    fused: bool = True  # torch's fused kernels (attention without weights, LayerNorm, GELU)
+    attention: str = "torch"  # attention kernel: "reference" (ours), "torch" (SDPA) or "flash"
+    fused_norm: bool = True  # torch's one-kernel LayerNorm (False: our layer_norm)
+    fused_activation: bool = True  # torch's one-kernel activation (False: ours)
 
     def __post_init__(self) -> None:
         check_positive(self, "src_vocab_size", "tgt_vocab_size", "max_len", "n_encoder_layers",
                        "n_decoder_layers")
-        try:
-            self.block_config()
-        except ValueError as error:  # say it in this config's words
-            raise ValueError(str(error).replace("BlockConfig", "TransformerConfig")) from None
+        self.block_config()  # checks the block settings, in TransformerConfig's words
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 "TransformerConfig: share_embeddings needs one vocabulary, got src_vocab_size="
@@ -60,12 +59,8 @@ class TransformerConfig:
             )
 
     def block_config(self) -> BlockConfig:
-        """The settings shared by every encoder and decoder block."""
-        return BlockConfig(
-            d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-            activation=self.activation, norm_first=self.norm_first, norm_eps=self.norm_eps,
-            fused=self.fused,
-        )
+        """The settings of every encoder and decoder block: the fields shared with BlockConfig."""
+        return block_config_of(self)
 
     @classmethod
     def base(cls) -> "TransformerConfig":
@@ -101,8 +96,8 @@ class Transformer(nn.Module):
             [CrossAttentionBlock(c.block_config()) for _ in range(c.n_decoder_layers)]
         )
         final = c.final_norm
-        self.encoder_norm = LayerNorm(c.d_model, c.norm_eps, c.fused) if final else None
-        self.decoder_norm = LayerNorm(c.d_model, c.norm_eps, c.fused) if final else None
+        self.encoder_norm = LayerNorm(c.d_model, c.norm_eps, c.fused_norm) if final else None
+        self.decoder_norm = LayerNorm(c.d_model, c.norm_eps, c.fused_norm) if final else None
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         if c.share_embeddings:
             self.lm_head.weight = self.tgt_emb.weight  # the paper's three-way weight sharing
