@@ -389,3 +389,15 @@ def test_q4_1_block_diagram_is_drawn_from_the_bytes(smollm2_blocks: dict) -> Non
     with pytest.raises(ValueError, match="20 uint8 bytes of one Q4_1 block, got torch.uint8 "
                                          r"\(18,\)"):
         q4_1_block(block[:18])
+
+
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+@pytest.mark.parametrize("name", ["gaussian with outliers", "negative only", "huge", "halves",
+                                  "one outlier", "3-D", "float16-subnormal scales"])
+def test_rounding_bound_holds(kind: str, name: str) -> None:
+    from tfbook.quantize import rounding_bound
+
+    w = extreme_tensors()[name]
+    x = w.float().reshape(-1, 32)
+    error = (gguf_dequantise(gguf_quantise(w, kind), kind).reshape(-1, 32) - x).abs()
+    assert bool((error <= rounding_bound(w, kind)).all())

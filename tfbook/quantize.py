@@ -27,6 +27,7 @@ T rows of an input.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -191,13 +192,16 @@ def gguf_quantise(w: Tensor, kind: str) -> Tensor:
     """Quantise `w` (..., K), K a multiple of 32, to GGUF blocks: a uint8 tensor
     (..., K // 32 * BLOCK_BYTES[kind]), the bytes `gguf.quants.quantize` writes.
 
-    Per block of 32 weights x (float32, llama.cpp's reference rounding):
-      Q8_0  d = max|x| / 127,        q = roundf(x / d) in [-127, 127]   bytes: d, 32 x int8
-      Q4_0  d = x[argmax|x|] / -8,   q = trunc(x / d + 8.5) in [0, 15]  bytes: d, 16 x 2 nibbles
-      Q4_1  d = (max x - min x) / 15, m = min x,
-                                     q = trunc((x - m) / d + 0.5) in [0, 15]
-                                                                    bytes: d, m, 16 x 2 nibbles
-    d and m are stored as float16; "/ d" is a product with the float32 1/d (0 if d = 0).
+    Per block of 32 weights x, in float32 as llama.cpp's reference code:
+      Q8_0  d = max|x| / 127,  q = roundf(x / d) in [-127, 127]
+            bytes: d, then 32 int8 codes
+      Q4_0  d = x[argmax|x|] / -8,  q = trunc(x / d + 8.5) in [0, 15]
+            bytes: d, then 16 bytes of two 4-bit codes
+      Q4_1  d = (max x - min x) / 15,  m = min x,
+            q = trunc((x - m) / d + 0.5) in [0, 15]
+            bytes: d, m, then 16 bytes of two 4-bit codes
+    d and m are stored as float16; "/ d" is a product with the float32
+    1 / d (0 if d = 0).
     """
     x = _as_blocks(w, kind)  # (N, 32)
     if kind == "Q8_0":
@@ -206,17 +210,20 @@ def gguf_quantise(w: Tensor, kind: str) -> Tensor:
         q = _round_half_away(x * _reciprocal(d)).to(torch.int8)  # (N, 32)
         blocks = torch.cat([_f16_bytes(d), q.view(torch.uint8)], dim=-1)
     elif kind == "Q4_0":
-        signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))  # (N, 1), the first
-        d = signed_max / -8  # the largest |x| maps to code 0, i.e. -8 after the offset
+        # the first weight of largest |x|, with its sign: (N, 1)
+        signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
+        d = signed_max / -8  # that weight gets code 0, i.e. -8 d
         _check_scales(kind, d)
         q = torch.trunc(x * _reciprocal(d) + 8.5).clamp(0, 15)  # (N, 32)
         blocks = torch.cat([_f16_bytes(d), _pack_nibbles(q)], dim=-1)
     else:  # Q4_1
-        low, high = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)  # (N, 1)
+        low = x.amin(dim=-1, keepdim=True)  # (N, 1)
+        high = x.amax(dim=-1, keepdim=True)  # (N, 1)
         d = (high - low) / 15
         _check_scales(kind, d, low)
-        q = torch.trunc((x - low) * _reciprocal(d) + 0.5).clamp(0, 15)  # (N, 32)
-        blocks = torch.cat([_f16_bytes(d), _f16_bytes(low), _pack_nibbles(q)], dim=-1)
+        q = torch.trunc((x - low) * _reciprocal(d) + 0.5).clamp(0, 15)  # (N,32)
+        blocks = torch.cat([_f16_bytes(d), _f16_bytes(low), _pack_nibbles(q)],
+                           dim=-1)
     K = w.shape[-1]
     return blocks.reshape(*w.shape[:-1], K // BLOCK * BLOCK_BYTES[kind])
 
@@ -299,14 +306,20 @@ def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     return acc.float() * sx[:, None] * scale.float()[None, :]  # (T, N)
 
 
+@functools.lru_cache(maxsize=2)
+def _gguf_tensors(path: str) -> dict:
+    """The tensor entries of a GGUF file, name -> gguf.ReaderTensor (read once: parsing the
+    metadata of a 49,152-token vocabulary takes seconds)."""
+    import gguf  # the file reader of the llama.cpp project
+
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
 def read_gguf_blocks(path: str | Path, names: Iterable[str]) -> dict[str, tuple[str, Tensor]]:
     """Tensors of a GGUF file as they are stored, undecoded: name -> (kind, bytes), where
     bytes is a uint8 tensor (out, in // 32 * BLOCK_BYTES[kind]) for the formats above."""
-    import gguf  # the file reader of the llama.cpp project
-
     names = list(names)
-    reader = gguf.GGUFReader(Path(path))
-    stored = {t.name: t for t in reader.tensors}
+    stored = _gguf_tensors(str(Path(path).resolve()))
     missing = [name for name in names if name not in stored]
     if missing:
         raise ValueError(f"{path} has no tensors {missing}; it holds e.g. "
@@ -357,3 +370,28 @@ def relative_error(w: Tensor, w_hat: Tensor) -> float:
     """||w_hat - w|| / ||w|| (Frobenius norms, summed in float64)."""
     w, w_hat = w.double(), w_hat.double()
     return float(torch.linalg.vector_norm(w_hat - w) / torch.linalg.vector_norm(w))
+
+
+def rounding_bound(w: Tensor, kind: str) -> Tensor:
+    """How far each weight of `w` (..., K) may move in a GGUF format: (N, 32) float32.
+
+    Half a step, d / 2, for the nearest level; plus the float16 rounding of d (at most
+    2^-11 |d|, or 2^-25 among float16's subnormals) times the largest code, and of m for
+    Q4_1; plus float32's rounding of the arithmetic. Q4_0's codes stop at 7 d while its
+    step is set by -8 d, so a weight beyond 7.5 d is clipped to 7 d and may move by a whole
+    step.
+    """
+    x = _as_blocks(w, kind)  # (N, 32)
+    raw = gguf_quantise(w, kind).reshape(x.shape[0], BLOCK_BYTES[kind])  # (N, bytes)
+    d = raw[:, 0:2].contiguous().view(torch.float16).float().abs()  # (N, 1)
+    top = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}[kind]  # the largest |code| that multiplies d
+    f16 = 2.0**-25  # half the spacing of float16's subnormals
+    slack = top * (d * 2.0**-11 + f16) + 1e-6 * x.abs().amax(dim=-1, keepdim=True)  # (N, 1)
+    if kind == "Q4_1":
+        m = raw[:, 2:4].contiguous().view(torch.float16).float()  # (N, 1)
+        slack = slack + m.abs() * 2.0**-11 + f16
+    step = (d / 2).expand_as(x)  # (N, 32)
+    if kind == "Q4_0":
+        signed_d = raw[:, 0:2].contiguous().view(torch.float16).float()
+        step = torch.where(x / signed_d > 7.5, d.expand_as(x), step)  # the clipped ones
+    return step + slack
