@@ -291,16 +291,20 @@ def int8_dequantise(q: Tensor, scale: Tensor) -> Tensor:
 
 
 def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
-    """x @ W^T with W = int8_dequantise(q, scale), in integers: each row of x (T, K) is itself
-    rounded to int8 with its own scale s_t (absmax), the products are summed exactly in int32
-    by torch._int_mm, and y_tn = s_t * scale_n * sum_k qx_tk q_nk (T, N). The one error beyond
-    the weights' is the rounding of x (the LLM.int8 idea, without its outlier columns)."""
+    """x @ W^T with W = int8_dequantise(q, scale), in integers.
+
+    Each row of x (T, K) is itself rounded to int8 with its own scale s_t
+    (absmax); torch._int_mm sums the int8 products exactly in int32; then
+    y_tn = s_t * scale_n * sum_k qx_tk q_nk (T, N). The one error beyond the
+    weights' is the rounding of x (LLM.int8's idea, without its outliers).
+    """
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
         raise TypeError(f"x must be a 2-D float tensor (T, K), got "
                         f"{getattr(x, 'shape', type(x).__name__)}")
     _check_int8(q, scale)
     if x.shape[1] != q.shape[1]:
-        raise ValueError(f"x has {x.shape[1]} columns, the weight {q.shape[1]}: expected equal")
+        raise ValueError(f"x has {x.shape[1]} columns, the weight {q.shape[1]}: "
+                         "expected equal")
     qx, sx = int8_per_channel(x)  # (T, K) int8, (T,)
     acc = torch._int_mm(qx, q.T)  # (T, K) @ (K, N) -> (T, N) int32, exact
     return acc.float() * sx[:, None] * scale.float()[None, :]  # (T, N)
@@ -373,25 +377,26 @@ def relative_error(w: Tensor, w_hat: Tensor) -> float:
 
 
 def rounding_bound(w: Tensor, kind: str) -> Tensor:
-    """How far each weight of `w` (..., K) may move in a GGUF format: (N, 32) float32.
+    """How far each weight of `w` (..., K) may move in a GGUF format: (N, 32).
 
-    Half a step, d / 2, for the nearest level; plus the float16 rounding of d (at most
-    2^-11 |d|, or 2^-25 among float16's subnormals) times the largest code, and of m for
-    Q4_1; plus float32's rounding of the arithmetic. Q4_0's codes stop at 7 d while its
-    step is set by -8 d, so a weight beyond 7.5 d is clipped to 7 d and may move by a whole
-    step.
+    Half a step, d / 2, for the nearest level; plus the float16 rounding of d
+    (at most 2^-11 |d|, or 2^-25 among float16's subnormals) times the largest
+    code, and of m for Q4_1; plus float32's rounding of the arithmetic. Q4_0's
+    codes stop at 7 d while its step is set by -8 d: a weight beyond 7.5 d is
+    clipped to 7 d and may move by a whole step.
     """
     x = _as_blocks(w, kind)  # (N, 32)
-    raw = gguf_quantise(w, kind).reshape(x.shape[0], BLOCK_BYTES[kind])  # (N, bytes)
-    d = raw[:, 0:2].contiguous().view(torch.float16).float().abs()  # (N, 1)
-    top = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}[kind]  # the largest |code| that multiplies d
+    raw = gguf_quantise(w, kind).reshape(x.shape[0], BLOCK_BYTES[kind])
+    signed_d = raw[:, 0:2].contiguous().view(torch.float16).float()  # (N, 1)
+    d = signed_d.abs()
+    top = {"Q8_0": 127, "Q4_0": 8, "Q4_1": 15}[kind]  # the largest |code|
     f16 = 2.0**-25  # half the spacing of float16's subnormals
-    slack = top * (d * 2.0**-11 + f16) + 1e-6 * x.abs().amax(dim=-1, keepdim=True)  # (N, 1)
+    slack = top * (d * 2.0**-11 + f16)  # (N, 1): the rounding of d
+    slack = slack + 1e-6 * x.abs().amax(dim=-1, keepdim=True)  # float32's
     if kind == "Q4_1":
         m = raw[:, 2:4].contiguous().view(torch.float16).float()  # (N, 1)
-        slack = slack + m.abs() * 2.0**-11 + f16
+        slack = slack + m.abs() * 2.0**-11 + f16  # the rounding of m
     step = (d / 2).expand_as(x)  # (N, 32)
-    if kind == "Q4_0":
-        signed_d = raw[:, 0:2].contiguous().view(torch.float16).float()
-        step = torch.where(x / signed_d > 7.5, d.expand_as(x), step)  # the clipped ones
+    if kind == "Q4_0":  # the clipped ones may move by a whole step
+        step = torch.where(x / signed_d > 7.5, d.expand_as(x), step)
     return step + slack
