@@ -150,10 +150,15 @@ def interact_and_check(page, root, name: str) -> None:
         before = wait_for_new_snapshot(root, before)
     canvas = root.locator("canvas").first
     if canvas.count():
+        # the map itself in view (a tall widget may hold it below the fold), and the mouse
+        # from the top to the bottom of the part of it the window shows
+        canvas.scroll_into_view_if_needed()
         box = canvas.bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 3)
+        top = max(box["y"], 0)
+        bottom = min(box["y"] + box["height"], page.viewport_size["height"])
+        page.mouse.move(box["x"] + box["width"] / 2, top + 3)
         first = snapshot(root)
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] - 3)
+        page.mouse.move(box["x"] + box["width"] / 2, bottom - 3)
         # fails (times out) if moving the mouse over the map changes nothing
         assert wait_for_new_snapshot(root, first) != before, f"{name}: the mouse changed nothing"
 

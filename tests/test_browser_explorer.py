@@ -254,6 +254,34 @@ LAYOUT_JS = """(r) => {
 }"""
 
 
+# The size of every text the widget shows, in CSS pixels as drawn: the computed font size,
+# times the scale of the SVG it is drawn in (its viewBox and transforms, getScreenCTM).
+TEXT_SIZES_JS = """(r) => [...r.querySelectorAll('*')].filter((e) => {
+    if (['STYLE', 'SCRIPT', 'title'].includes(e.tagName) || e.getClientRects().length === 0) {
+      return false;
+    }
+    const control = ['BUTTON', 'SELECT', 'TEXTAREA'].includes(e.tagName) ||
+      (e.tagName === 'INPUT' && e.type === 'text');
+    return control || [...e.childNodes].some((c) => c.nodeType === Node.TEXT_NODE &&
+                                                   c.textContent.trim() !== '');
+  }).map((e) => {
+    let px = parseFloat(getComputedStyle(e).fontSize);
+    if (e instanceof SVGElement) {
+      const m = e.getScreenCTM();
+      px *= Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+    }
+    return {px, tag: e.tagName, text: (e.value || e.textContent).slice(0, 40)};
+  })"""
+MIN_TEXT_PX = 12  # the book's minimum text size (tfbook.diagrams.svg: its smallest is 12 px)
+
+
+def too_small(root) -> list[dict]:
+    """The widget's visible texts drawn below the book's minimum size."""
+    sizes = root.evaluate(TEXT_SIZES_JS)
+    assert len(sizes) > 50  # the diagram's names and shapes, the panel, the chart, the tokens
+    return [t for t in sizes if t["px"] < MIN_TEXT_PX - 0.01]
+
+
 def overlapping(texts: list[dict]) -> list[tuple[str, str]]:
     """The pairs of diagram texts whose rectangles overlap (by more than half a pixel)."""
     pairs = []
@@ -269,8 +297,9 @@ def test_labels_never_overlap_and_the_panel_goes_below_on_a_phone(browser, train
                                                                   tmp_path: Path) -> None:
     """At 390 px (a phone) and 1280 px (the book's 688 px column), with a 64-token sentence
     (the longest shape labels): no two texts of the diagram overlap, every shape label stays
-    inside its box, nothing widens the page; the tensor panel sits beside the diagram in the
-    book's column and below it on the phone."""
+    inside its box, no text of the widget is below the book's minimum size, nothing widens
+    the page; the tensor panel sits beside the diagram when the column holds both, and below
+    it when it does not (a phone, and the book's column with 12 px text)."""
     model, tokenizer = trained
     widget = ModelExplorer.from_page_model(model, tokenizer, sentence_of(tokenizer, 64),
                                            dtype="float16", box="blocks.0.attn.q")
@@ -293,8 +322,9 @@ def test_labels_never_overlap_and_the_panel_goes_below_on_a_phone(browser, train
                     width, t)
             assert layout["page"] <= width, f"the page scrolls sideways at {width} px: {layout}"
             assert layout["widget"][0] <= layout["widget"][1] + 1, (width, layout["widget"])
+            assert not too_small(root), (width, too_small(root))
             diagram, panel = layout["diagram"], layout["panel"]
-            if column:  # beside: to the right of the diagram, their tops level
+            if column and widget.diagram["width"] + 12 + 270 <= column:  # beside, tops level
                 assert panel["left"] >= diagram["right"] and abs(panel["top"] - diagram["top"]) < 2
             else:  # below the diagram
                 assert panel["top"] >= diagram["bottom"]
@@ -305,6 +335,9 @@ def test_labels_never_overlap_and_the_panel_goes_below_on_a_phone(browser, train
                     labels.setdefault(t["key"], t["text"])
             assert labels["embed"] == "x⁽⁰⁾ = embedding + position"
             assert labels["blocks.1.resid2"] == "x⁽²⁾ = … + block 1's FFN"
+        root.locator('g.tfw-box[data-key="logits"]').click()  # the table of next tokens
+        assert root.locator(".tfw-top tr").count() == 10
+        assert not too_small(root), too_small(root)
         ticks = root.locator(".tfw-norms text").all_text_contents()
         assert ticks[:5] == ["x⁽⁰⁾", "x⁽⁰⁾+a", "x⁽¹⁾", "x⁽¹⁾+a", "x⁽²⁾"]
     assert not (log.page_errors or log.console_errors), log

@@ -16,7 +16,7 @@ from tfbook.models.llama import tiny_llama
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets import ModelExplorer
 from tfbook.widgets.explorer import (
-    PANEL_ROOM,
+    FONT_PX,
     cut_note,
     explorer_layout,
     sizes,
@@ -149,12 +149,19 @@ def test_labels_follow_the_books_notation_and_fit_their_boxes() -> None:
         assert labels["blocks.1.resid2"] == "x⁽²⁾ = … + block 1's FFN"
         assert not any("₀" in label for label in labels.values())
         n = layout["sizes"]
-        widest = len(f"({min(n['T_max'], 99)}, {n['D']})")  # q, k, v labels up to T = 99
+        T = min(n["T_max"], 99)  # labels sized for T up to 99 (the page narrows longer ones)
+        assert FONT_PX >= 12  # the book's minimum text size
         for b in layout["boxes"]:
-            if b["kind"] == "head":  # 0.6 em a character at 10 px, and 4 px to spare
-                assert b["w"] >= 6 * widest + 4, (b, widest)
-        # the book's 688 px column holds the diagram, a 12 px gap and the 270 px panel
-        assert layout["width"] <= PANEL_ROOM == 688 - 12 - 270, layout["width"]
+            if b["kind"] == "stream":
+                continue
+            shape = "(" + ", ".join(str(T if d == "T" else n[d]) for d in b["shape"]) + ")"
+            widest = max(len(b["label"]), len(shape))  # 0.6 em a character, 4 px to spare
+            assert b["w"] >= 0.6 * FONT_PX * widest + 4, (b, shape)
+            assert b["h"] >= 2 * FONT_PX + 6  # a name and a shape label
+        # the stream's names, written right of its circle, stay inside the drawing
+        for b in layout["boxes"]:
+            if b["kind"] == "stream":
+                assert b["x"] + b["w"] / 2 + 18 + 0.6 * FONT_PX * len(b["label"]) <= layout["width"]
 
 
 def test_python_fed_widget_sends_the_selected_box_and_hostile_text_stays_text() -> None:

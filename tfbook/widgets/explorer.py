@@ -65,13 +65,14 @@ FFN_ROW = [
     ("ff.hidden", "FFN hidden", ("T", "F"), "hidden"),
     ("ff", "FFN out", ("T", "C"), "linear"),
 ]
-BOX_HEIGHT = 34
+FONT_PX = 12  # every text of the explorer (explorer.js): the book's minimum text size
+LINE = 15  # px between the baselines of a box's name and its shape label (12 px text)
+BOX_HEIGHT = 2 * LINE + 6  # a name and a shape label, 3 px above and below
 ROW_GAP = 14
 STREAM_X = 16  # the residual stream: a vertical line the sub-layers add to
 GAP = 6  # between boxes (2 between q, k and v: one group)
-WIDTHS = {"norm": 50, "head": 40, "weights": 56, "linear": 56, "hidden": 100}
-SHAPE_FONT = 10  # px, the shape labels (explorer.js's .tfw-shape)
-PANEL_ROOM = 688 - 12 - 270  # the book's column less the gap and the panel's basis (JS)
+PAD = 8  # a box is wider than the estimate of its widest text by this much
+T_LABEL = 99  # shape labels are sized for T up to 99 (explorer.js narrows a longer one)
 
 
 def superscript(n: int) -> str:
@@ -88,14 +89,19 @@ def stream_label(state: int) -> str:
     return "x" + superscript(state // 2) + ("+a" if state % 2 else "")
 
 
-def head_width(n: dict[str, int]) -> int:
-    """The q, k, v boxes' width: room for their shape label (T, D) up to T = 99, by a generous
-    estimate of the text's width (0.6 em a character), so that the label never reaches the
-    box's edge. The real font is narrower: a three-digit T still fits, and explorer.js
-    narrows a longer label (SmolLM2's T can reach 8,192) to its box. Capping T keeps every
-    diagram narrow enough for the tensor panel beside it in the book's column."""
-    T = min(n["T_max"], 99)
-    return max(WIDTHS["head"], int(text_width(f"({T}, {n['D']})", SHAPE_FONT)) + 4)
+def shape_text(shape: Sequence[str], n: dict[str, int]) -> str:
+    """The widest shape label a box shows, e.g. ('T', 'D') -> '(64, 16)': T at its largest
+    (T_max, capped at T_LABEL), the other letters the config's sizes."""
+    T = min(n["T_max"], T_LABEL)
+    return "(" + ", ".join(str(T if d == "T" else n[d]) for d in shape) + ")"
+
+
+def box_width(label: str, shape: Sequence[str], n: dict[str, int]) -> int:
+    """A box's width: room for its name and its widest shape label at FONT_PX, by a generous
+    estimate of the text's width (0.6 em a character), so that neither reaches the box's
+    edge. A label for T above T_LABEL (SmolLM2's T can reach 8,192) is narrowed to its box
+    by explorer.js; capping T keeps a long context from widening the whole diagram."""
+    return int(max(text_width(label, FONT_PX), text_width(shape_text(shape, n), FONT_PX))) + PAD
 
 
 def _check_decoder(model: object) -> GPT:
@@ -134,15 +140,19 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
 
     y = 0
     x = STREAM_X + 24
-    box("tok_emb", "token embedding", ("T", "C"), "embed", x, y, 110)
+    w = box_width("token embedding", ("T", "C"), n)
+    box("tok_emb", "token embedding", ("T", "C"), "embed", x, y, w)
     if learned:
-        box("pos_emb", "position", ("T", "C"), "embed", x + 118, y, 70)
+        box("pos_emb", "position", ("T", "C"), "embed", x + w + 8, y,
+            box_width("position", ("T", "C"), n))
         edges.append(["pos_emb", "embed"])
     edges.append(["tok_emb", "embed"])
     y += BOX_HEIGHT + ROW_GAP
     box("embed", "x⁽⁰⁾ = embedding" + (" + position" if learned else ""), ("T", "C"),
         "stream", STREAM_X - 12, y, 24)
-    widths = {**WIDTHS, "head": head_width(n)}
+    # one width a stage, the same in every block, so that the columns line up
+    widths = {suffix: box_width(label, shape, n) for suffix, label, shape, _ in ATTENTION_ROW
+              + FFN_ROW}
     y += BOX_HEIGHT + ROW_GAP
     for layer in range(config.n_layers):
         for row, resid in ((ATTENTION_ROW, "resid1"), (FFN_ROW, "resid2")):
@@ -150,12 +160,12 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
             previous = None
             for suffix, label, shape, kind in row:
                 key = f"blocks.{layer}.{suffix}"
-                box(key, label, shape, kind, x, y, widths[kind], layer)
+                box(key, label, shape, kind, x, y, widths[suffix], layer)
                 if previous and suffix not in ("attn.k", "attn.v"):
                     edges.append([previous, key])
                 if suffix not in ("attn.q", "attn.k"):
                     previous = key
-                x += widths[kind] + (2 if suffix in ("attn.q", "attn.k") else GAP)
+                x += widths[suffix] + (2 if suffix in ("attn.q", "attn.k") else GAP)
             edges.append([previous, f"blocks.{layer}.{resid}"])
             y += BOX_HEIGHT + 4
             label = (f"x{superscript(layer)} + block {layer}'s attention" if resid == "resid1"
@@ -164,10 +174,14 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
                 layer)
             y += BOX_HEIGHT + ROW_GAP
     x = STREAM_X + 24
-    box("norm_f", "final norm", ("T", "C"), "norm", x, y, 72)
-    box("logits", "logits", ("T", "V"), "logits", x + 80, y, 72)
+    w = box_width("final norm", ("T", "C"), n)
+    box("norm_f", "final norm", ("T", "C"), "norm", x, y, w)
+    box("logits", "logits", ("T", "V"), "logits", x + w + 8, y, box_width("logits", ("T", "V"), n))
     edges.append(["norm_f", "logits"])
-    width = max(b["x"] + b["w"] for b in boxes) + 10
+    # a stream's name and shape are written right of its circle (explorer.js: from x + 18)
+    width = max(max(b["x"] + b["w"] for b in boxes),
+                max(STREAM_X + 18 + text_width(b["label"], FONT_PX) for b in boxes
+                    if b["kind"] == "stream")) + 10
     return {"boxes": boxes, "edges": edges, "sizes": n, "width": width, "height": y + BOX_HEIGHT,
             "norm": config.norm, "ffn": config.ffn, "position": config.position}
 

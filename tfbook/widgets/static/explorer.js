@@ -13,16 +13,21 @@
 // Text from data (tokens, the sentence) is set with textContent only (common.js's rule).
 // Timings for the tests (performance.now(), in this view): node.explorerTimes.
 
+// one token's row in the heatmap and its label: 12 px text with room for what hangs below
+// the baseline (the ␣ of a space)
+const ROW_PX = 14;
 const EXPLORER_STYLE = `
 .tfw-explorer { max-width: 100%; }
 .tfw-explorer .tfw-scroll { overflow-x: auto; max-width: 100%; }
 .tfw-explorer .tfw-diagram { max-height: 560px; overflow-y: auto; flex: 0 1 auto; }
 .tfw-explorer .tfw-body { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
-/* beside the diagram when the column holds both (the book's 688 px column does), below it
-   when it does not (a phone): flex-wrap decides from the container's width */
+/* beside the diagram when the column holds both, below it when it does not (the book's
+   688 px column and a phone, with every text at 12 px): flex-wrap decides from the
+   container's width */
 .tfw-explorer .tfw-panel { flex: 1 1 270px; min-width: 0; }
-.tfw-explorer svg text { font: 11px system-ui, sans-serif; }
-.tfw-explorer svg text.tfw-shape { font-size: 10px; }
+/* no text below the book's minimum size, 12 px (explorer.py's FONT_PX) */
+.tfw-explorer svg text { font: 12px system-ui, sans-serif; }
+.tfw-explorer svg text.tfw-shape { fill: #444; }
 .tfw-explorer .tfw-box rect { stroke: #555; stroke-width: 1; cursor: pointer; }
 .tfw-explorer .tfw-box rect.tfw-hit { stroke: none; }
 .tfw-explorer .tfw-box text { fill: #222; pointer-events: none; }
@@ -40,22 +45,22 @@ const EXPLORER_STYLE = `
 .tfw-explorer .tfw-heat { display: flex; align-items: flex-start; gap: 4px; }
 .tfw-explorer .tfw-labels { display: flex; flex-direction: column; text-align: right;
   max-width: 9em; overflow: hidden; flex: none; }
-.tfw-explorer .tfw-labels span { display: block; height: 12px; line-height: 12px;
-  font-size: 11px; overflow: hidden; text-overflow: ellipsis; }
+.tfw-explorer .tfw-labels span { display: block; height: ${ROW_PX}px; line-height: ${ROW_PX}px;
+  font-size: 12px; overflow: hidden; text-overflow: ellipsis; }
 .tfw-explorer .tfw-canvas-box { position: relative; overflow-x: auto; }
 .tfw-explorer canvas { display: block; border: 1px solid #ccc; }
-.tfw-explorer .tfw-row-mark { position: absolute; left: 0; right: 0; height: 12px;
+.tfw-explorer .tfw-row-mark { position: absolute; left: 0; right: 0; height: ${ROW_PX}px;
   outline: 2px solid #d62728; pointer-events: none; display: none; }
 .tfw-explorer .tfw-top { border-collapse: collapse; font-size: 12px; }
 .tfw-explorer .tfw-top td { padding: 0 6px; }
 .tfw-explorer .tfw-bar { display: inline-block; height: 9px; background: #1f77b4; }
 .tfw-explorer .tfw-norms polyline { fill: none; stroke: #999; stroke-width: 1; }
 .tfw-explorer .tfw-norms polyline.tfw-hot-line { stroke: #d62728; stroke-width: 2.5; }
-.tfw-explorer .tfw-norms text { fill: currentColor; font-size: 11px; }
+.tfw-explorer .tfw-norms text { fill: currentColor; font-size: 12px; }
 .tfw-explorer input[type=text] { width: min(36em, 90%); font: inherit; }
 `;
 
-const ROW_PX = 12;  // one token's row in the heatmap, and its label
+const LINE = 15;  // between a box's name and its shape label (explorer.py's LINE)
 const BOX_FILL = { embed: "#d9ead3", stream: "#fff", norm: "#fff2cc", head: "#cfe2f3",
                    weights: "#cfe2f3", linear: "#cfe2f3", hidden: "#f4cccc", logits: "#d9d2e9" };
 const KIND_TITLE = {
@@ -184,18 +189,21 @@ function render({ model, el: element }) {
     if (b.kind === "stream") {
       const cx = b.x + b.w / 2;
       // the circle and its label are one target: a transparent rect under both
-      g.append(svg("rect", { class: "tfw-hit", x: b.x, y: b.y + 4, width: 190, height: b.h,
-                             fill: "transparent" }));
+      const reach = 18 + 7.2 * b.label.length;  // to the end of its name (0.6 em a character)
+      g.append(svg("rect", { class: "tfw-hit", x: b.x, y: b.y + 4, width: b.w / 2 + reach,
+                             height: b.h, fill: "transparent" }));
       g.append(svg("circle", { cx, cy: mid(b), r: 11 }));
       g.append(svg("text", { x: cx, y: mid(b) + 4, "text-anchor": "middle", text: "+" }));
       // below the line that brings the sub-layer's output back to the circle
       g.append(svg("text", { class: "tfw-stream-label", x: cx + 18, y: mid(b) + 13, text: b.label }));
-      shape = svg("text", { class: "tfw-stream-label", x: cx + 18, y: mid(b) + 26 });
+      shape = svg("text", { class: "tfw-stream-label", x: cx + 18, y: mid(b) + 13 + LINE });
     } else {
       g.append(svg("rect", { x: b.x, y: b.y, width: b.w, height: b.h, rx: 4,
                              fill: BOX_FILL[b.kind] }));
-      g.append(svg("text", { x: b.x + b.w / 2, y: b.y + 14, "text-anchor": "middle", text: b.label }));
-      shape = svg("text", { class: "tfw-shape", x: b.x + b.w / 2, y: b.y + 28, "text-anchor": "middle" });
+      // two lines of 12 px text, centred in the box by the height of their capitals
+      g.append(svg("text", { x: b.x + b.w / 2, y: mid(b) - 3, "text-anchor": "middle", text: b.label }));
+      shape = svg("text", { class: "tfw-shape", x: b.x + b.w / 2, y: mid(b) - 3 + LINE,
+                            "text-anchor": "middle" });
     }
     g.append(shape);
     shapeTexts.set(b.key, shape);
@@ -215,7 +223,8 @@ function render({ model, el: element }) {
   const heat = el("div", { class: "tfw-heat" }, labels, canvasBox);
   const topTable = el("table", { class: "tfw-top" });
   const chartTitle = el("div", { class: "tfw-note" },
-                        "norm of the residual stream ‖xₜ‖ after each addition (one line a token)");
+                        "norm of the residual stream ‖xₜ‖ after each addition, one line a " +
+                        "token: x⁽ˡ⁾ enters block l, x⁽ˡ⁾+a is after its attention");
   const CHART_W = 270;  // fits the panel beside the diagram
   const chart = svg("svg", { class: "tfw-norms", width: CHART_W, height: 150, role: "img" });
   // the diagram and the selected box's panel side by side when the column is wide enough
@@ -358,7 +367,7 @@ function render({ model, el: element }) {
     chart.replaceChildren();
     if (!run || !run.norms) return;
     const P = run.norms.length, T = run.T;
-    const W = CHART_W, H = 150, pad = { l: 40, r: 16, t: 8, b: 30 };  // r: room for the last name
+    const W = CHART_W, H = 150, pad = { l: 40, r: 18, t: 8, b: 22 };  // r: room for the last name
     let top = 0;
     for (const row of run.norms) for (const x of row) top = Math.max(top, x);
     const sx = (p) => pad.l + (p / Math.max(1, P - 1)) * (W - pad.l - pad.r);
@@ -371,11 +380,9 @@ function render({ model, el: element }) {
     }
     const every = P <= 5 ? 1 : 2 * Math.ceil((P - 1) / 10);  // at most 6 names, none crowded
     for (let p = 0; p < P; p += every) {
-      chart.append(svg("text", { x: sx(p), y: H - pad.b + 13, "text-anchor": "middle",
+      chart.append(svg("text", { x: sx(p), y: H - pad.b + 15, "text-anchor": "middle",
                                  text: streamLabel(p) }));
     }
-    chart.append(svg("text", { x: (W + pad.l) / 2, y: H - 3, "text-anchor": "middle",
-                               text: "x⁽ˡ⁾ enters block l; +a: after its attention" }));
     const topText = top >= 1000 ? `${(top / 1000).toFixed(1)}k` : top.toFixed(1);
     chart.append(svg("text", { x: pad.l - 4, y: pad.t + 9, "text-anchor": "end", text: topText }));
     chart.append(svg("text", { x: pad.l - 4, y: H - pad.b, "text-anchor": "end", text: "0" }));
