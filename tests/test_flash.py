@@ -318,3 +318,19 @@ def test_refuses_bad_inputs_with_clear_messages():
         online_softmax(torch.randn(4), 2.5)
     with pytest.raises(ValueError, match="floating tensor"):
         online_softmax(torch.arange(4), 2)
+
+
+def test_non_contiguous_inputs_as_multi_head_attention_passes_them():
+    """split_heads gives (B, H, T, D) views of (B, T, H, D) tensors: strided, not contiguous."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 30, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(2, 2, 30, 2, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    q, k, v = x.transpose(1, 2), kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    out = flash_attention(q, k, v, causal=True, block_q=8, block_k=8)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(out, (x, kv), grad_out),
+                    torch.autograd.grad(ref, (x, kv), grad_out), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
