@@ -1,16 +1,21 @@
-"""RoPE: relative property (hypothesis), norm preservation, the two conventions."""
+"""RoPE: relative property, norms, the two conventions, one table per forward pass."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tfbook.attention import MultiHeadAttention
+from tfbook.models.gpt import GPT
+from tfbook.models.llama import tiny_llama
 from tfbook.rope import (
     apply_rope,
     half_split_permutation,
     relative_scores,
+    rope_cos_sin,
     rope_frequencies,
     scaled_rope_frequencies,
     to_half_split,
@@ -92,18 +97,78 @@ def test_relative_scores_equal_rotating_both_vectors():
     assert decay[0] == 64 and decay[:10].mean() > decay[100:200].abs().mean()
 
 
-def test_the_table_is_reused_only_for_the_same_unchanged_positions():
-    from tfbook.rope import rope_cos_sin
+def test_no_table_is_kept_between_calls():
+    """rope.py remembers nothing: the model builds the table once per forward pass."""
+    import tfbook.rope
 
+    cached = [name for name, f in vars(tfbook.rope).items() if hasattr(f, "cache_info")]
+    assert cached == [] and not hasattr(tfbook.rope, "_LAST_TABLE")
     positions = torch.arange(5)
     first = rope_cos_sin(positions, 8)
-    assert rope_cos_sin(positions, 8) is first  # the same tensor again: reused
-    assert rope_cos_sin(torch.arange(5), 8) is not first  # an equal but other tensor
-    positions.add_(3)  # changed in place: recomputed, and right
-    again = rope_cos_sin(positions, 8)
-    assert again is not first
-    assert torch.allclose(again[0], rope_cos_sin(torch.arange(3, 8), 8)[0])
-    assert rope_cos_sin(positions, 8, base=500.0) is not again  # other settings
+    positions.add_(3)  # changed in place: a new call sees the new positions
+    assert torch.equal(rope_cos_sin(positions, 8)[0], rope_cos_sin(torch.arange(3, 8), 8)[0])
+    assert not torch.equal(rope_cos_sin(positions, 8)[0], first[0])
+
+
+def counting(monkeypatch, module, calls: list) -> None:
+    """Replace module.rope_cos_sin by a wrapper that records each call."""
+    plain = module.rope_cos_sin
+
+    def wrapper(*args, **kwargs):
+        calls.append(args[0].shape)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(module, "rope_cos_sin", wrapper)
+
+
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_a_model_builds_the_table_once_per_forward_pass(monkeypatch, n_layers):
+    import tfbook.attention
+    import tfbook.models.gpt
+
+    torch.manual_seed(0)
+    model = GPT(replace(tiny_llama(), n_layers=n_layers)).eval()
+    ids = torch.randint(0, 256, (2, 6))
+    expected = model(ids).logits
+    by_model, by_layers = [], []
+    counting(monkeypatch, tfbook.models.gpt, by_model)
+    counting(monkeypatch, tfbook.attention, by_layers)
+    assert torch.equal(model(ids).logits, expected)
+    cache = model.new_cache()
+    model(ids[:, :5], cache=cache)  # prefill, then one decode step
+    step = model(ids[:, 5:], cache=cache).logits
+    assert by_model == [(6,), (5,), (1,)] and by_layers == []  # once per pass, never per layer
+    assert (step - expected[:, 5:]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_standalone_attention_builds_the_same_table_itself(per_row):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2, rope_base=500.0).eval()
+    x = torch.randn(2, 5, 32)
+    positions = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 3, 4]]) if per_row else torch.arange(5)
+    own, _ = mha(x, positions=positions)
+    given, _ = mha(x, rope_table=rope_cos_sin(positions, 8, 500.0))
+    assert torch.equal(own, given)
+    torch.manual_seed(0)  # the same weights, without RoPE: the rotation did something
+    unrotated, _ = MultiHeadAttention(32, 4, n_kv_heads=2).eval()(x)
+    assert not torch.allclose(own, unrotated, atol=1e-3)
+
+
+def test_bad_tables_are_refused():
+    mha = MultiHeadAttention(32, 4, rope_base=500.0)
+    x = torch.randn(2, 5, 32)
+    cos, sin = rope_cos_sin(torch.arange(6), 8, 500.0)  # six positions for five queries
+    with pytest.raises(ValueError, match=r"rope_table must be \(cos, sin\), each of shape "
+                                         r"\(T, D/2\) = \(5, 4\).*got \(\(6, 4\), \(6, 4\)\)"):
+        mha(x, rope_table=(cos, sin))
+    with pytest.raises(ValueError, match=r"rope_table must be \(cos, sin\).*got Tensor"):
+        mha(x, rope_table=cos)
+    table = rope_cos_sin(torch.arange(5), 8, 500.0)
+    with pytest.raises(ValueError, match=r"this call is without RoPE \(rope_base=None\)"):
+        MultiHeadAttention(32, 4)(x, rope_table=table)
+    with pytest.raises(ValueError, match=r"this call is cross-attention"):
+        mha(x, torch.randn(2, 3, 32), rope_table=table)
 
 
 @pytest.mark.parametrize("method,rope_type", [("interpolation", "linear"), ("ntk", "dynamic")])

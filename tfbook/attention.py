@@ -31,6 +31,7 @@ from tfbook.rope import (
     CONVENTIONS,
     PRECISIONS,
     check_rope_positions,
+    check_rope_table,
     rope_cos_sin,
     rotate_planes,
 )
@@ -221,6 +222,8 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = True,
+        *,
+        rope_table: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, T, C) to source (B, S, C), or to x itself; -> (B, T, C), (B, H, T, S).
 
@@ -231,7 +234,9 @@ class MultiHeadAttention(nn.Module):
         onwards. With a `cache`, self-attention appends this step's keys and values and
         attends to all stored ones; cross-attention computes the source's keys and values
         once and reuses them. The weights are None when
-        `need_weights=False`.
+        `need_weights=False`. `rope_table` is the (cos, sin) of the positions (`rope_cos_sin`):
+        a model builds it once per forward pass for all its layers; without it the module
+        builds its own from `positions`.
         """
         if x.dim() != 3 or x.size(-1) != self.n_heads * self.head_size:
             raise ValueError(
@@ -245,6 +250,12 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"expected {name} of this module's dtype {dtype} (its weights), "
                                 f"got {t.dtype}: convert the input with .to({dtype}) or the "
                                 f"module with .to({t.dtype})")
+        if rope_table is not None and (self.rope_base is None or source is not None):
+            raise ValueError(
+                "rope_table rotates the queries and keys of a self-attention with RoPE; this "
+                f"call is {'cross-attention' if source is not None else 'without RoPE'} "
+                f"(rope_base={self.rope_base})"
+            )
         if mask is not None and (not isinstance(mask, Tensor) or mask.dim() != 4):
             # a 2-D mask could be (T, S) or a (B, S) key-padding mask: when B == T the two
             # read alike, so the module takes only the explicit 4-D form
@@ -259,12 +270,14 @@ class MultiHeadAttention(nn.Module):
             k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
             v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
             if self.rope_base is not None:
-                if positions is None:
-                    start = 0 if cache is None else cache.length
-                    positions = torch.arange(start, start + T, device=x.device)  # (T,)
-                positions = check_rope_positions(q, positions)
-                cos, sin = rope_cos_sin(positions, self.head_size, self.rope_base,
-                                        self.rope_precision, q.dtype)  # one table for q and k
+                if rope_table is None:  # standalone: build the table for these positions
+                    if positions is None:
+                        start = 0 if cache is None else cache.length
+                        positions = torch.arange(start, start + T, device=x.device)  # (T,)
+                    positions = check_rope_positions(q, positions)
+                    rope_table = rope_cos_sin(positions, self.head_size, self.rope_base,
+                                              self.rope_precision, q.dtype)
+                cos, sin = check_rope_table(rope_table, q)  # one table for q and k
                 q = rotate_planes(q, cos, sin, self.rope_convention)  # (B, H, T, D)
                 k = rotate_planes(k, cos, sin, self.rope_convention)  # (B, H_kv, T, D)
             if cache is not None:

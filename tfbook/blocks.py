@@ -146,13 +146,16 @@ class SelfAttentionBlock(nn.Module):
     def forward(
         self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
         positions: Tensor | None = None, cache: LayerCache | None = None,
-        need_weights: bool = False,
+        need_weights: bool = False, *, rope_table: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, C) -> (B, T, C) and the self-attention weights (B, H, T, S) or None."""
+        """x (B, T, C) -> (B, T, C) and the self-attention weights (B, H, T, S) or None.
+
+        `rope_table` (cos, sin): the rotary table the model built once for this forward pass.
+        """
 
         def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.attn(h, mask=mask, causal=causal, positions=positions, cache=cache,
-                             need_weights=need_weights)
+                             need_weights=need_weights, rope_table=rope_table)
 
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
@@ -185,18 +188,21 @@ class CrossAttentionBlock(nn.Module):
         positions: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        *,
+        rope_table: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x (B, T, C), memory (B, S, C) -> (B, T, C), self (B, H, T, T), cross (B, H, T, S).
 
         The self-attention is always causal (teacher forcing must not peek at the answer);
         `mask` may hide padded target positions, `memory_mask` padded source positions. With
         a `cache`, the self-attention keys grow by T per call and the cross-attention keys
-        and values of `memory` are computed at the first call only.
+        and values of `memory` are computed at the first call only. `rope_table` serves the
+        self-attention only (with RoPE), as in `SelfAttentionBlock`.
         """
 
         def self_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             return self.self_attn(h, mask=mask, causal=True, positions=positions, cache=cache,
-                                  need_weights=need_weights)
+                                  need_weights=need_weights, rope_table=rope_table)
 
         def cross_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
             # queries from the decoder, keys and values from the encoder's output

@@ -13,9 +13,11 @@ Two conventions pair the features into planes differently:
 
 They are the same operation up to a fixed permutation of the features: `to_half_split`
 moves even features to the front half and odd ones to the back half.
-"""
 
-import functools
+A model rotates every layer's q and k by the same positions, so it builds the cos/sin table
+once per forward pass (`rope_cos_sin`) and hands it to every block, as Hugging Face, litgpt
+and nanochat do; nothing is remembered between calls.
+"""
 
 import torch
 from torch import Tensor
@@ -24,25 +26,20 @@ CONVENTIONS = ("interleaved", "half")
 PRECISIONS = ("float64", "float32")  # how the angles pos * theta_n are computed
 
 
-@functools.lru_cache(maxsize=64)
-def _frequencies(D: int, base: float, precision: str) -> Tensor:
-    if D % 2 != 0:
-        raise ValueError(f"RoPE needs an even head size D, got D={D}")
-    if precision == "float32":
-        return 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))  # (D/2,)
-    if precision != "float64":
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
-
-
 def rope_frequencies(D: int, base: float = 10000.0, precision: str = "float64") -> Tensor:
     """theta_n = base^(-2n / D) for the D/2 planes, fastest first: (D/2,).
 
     precision="float32" computes 1 / base^(2n / D) in float32 exactly as Hugging Face's Llama
     does, so that a model can reproduce its outputs bit for bit; "float64" is more exact.
-    (They are constants: computed once per (D, base, precision) and remembered.)
     """
-    return _frequencies(D, float(base), precision).clone()
+    if D % 2 != 0:
+        raise ValueError(f"RoPE needs an even head size D, got D={D}")
+    base = float(base)
+    if precision == "float32":
+        return 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))  # (D/2,)
+    if precision != "float64":
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # (D/2,)
 
 
 def rope_angles(
@@ -54,7 +51,7 @@ def rope_angles(
     of float32 numbers there); float64 keeps it to about 1e-12.
     """
     dtype = torch.float32 if precision == "float32" else torch.float64
-    theta = _frequencies(D, float(base), precision)  # (D/2,)
+    theta = rope_frequencies(D, base, precision)  # (D/2,)
     return positions.to(dtype)[:, None] * theta.to(positions.device)  # (T, D/2)
 
 
@@ -73,32 +70,39 @@ def check_rope_positions(x: Tensor, positions: Tensor | None) -> Tensor:
     return positions
 
 
-# The table of the last call, with the positions tensor it was made for (held, so that its
-# identity cannot be taken by another tensor) and that tensor's version counter.
-_LAST_TABLE: dict[str, tuple] = {}
-
-
 def rope_cos_sin(
     positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of pos * theta_n: (T, D/2) each, or (B, 1, T, D/2) for (B, T) positions.
 
-    Used for both q and k. Every layer of one forward pass rotates by the same positions
-    tensor, so the table of the last call is reused when that very tensor (unchanged) comes
-    back with the same settings: computed once per forward pass instead of once per layer.
+    Used for both q and k, in every layer: a model computes it once per forward pass and
+    passes it down (`MultiHeadAttention.forward(..., rope_table=...)`).
     """
-    key = (D, float(base), precision, dtype, positions._version)
-    last = _LAST_TABLE.get("table")
-    if last is not None and last[0] is positions and last[1] == key:
-        return last[2]
     angles = rope_angles(positions.reshape(-1), D, base, precision)
     angles = angles.view(*positions.shape, D // 2)  # (T, D/2) or (B, T, D/2)
     if positions.dim() == 2:
         angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
-    table = (torch.cos(angles).to(dtype), torch.sin(angles).to(dtype))
-    _LAST_TABLE["table"] = (positions, key, table)
-    return table
+    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+
+
+def check_rope_table(table: object, x: Tensor) -> tuple[Tensor, Tensor]:
+    """A (cos, sin) pair for x (B, H, T, D): each (T, D/2) or (B, 1, T, D/2), in x's dtype."""
+    T, D = x.shape[-2:]
+    shapes = ((T, D // 2), (x.size(0), 1, T, D // 2))
+    if (not isinstance(table, tuple | list) or len(table) != 2
+            or not all(isinstance(t, Tensor) and tuple(t.shape) in shapes for t in table)):
+        given = (tuple(tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                       for t in table) if isinstance(table, tuple | list)
+                 else type(table).__name__)
+        raise ValueError(
+            f"rope_table must be (cos, sin), each of shape (T, D/2) = {shapes[0]} or "
+            f"(B, 1, T, D/2) = {shapes[1]} (rope_cos_sin builds it), got {given}"
+        )
+    cos, sin = table
+    if cos.dtype != x.dtype:  # under autocast q is in half precision, the table is not
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return cos, sin
 
 
 def rotate_planes(x: Tensor, cos: Tensor, sin: Tensor, convention: str = "interleaved") -> Tensor:

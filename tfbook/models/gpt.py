@@ -24,6 +24,7 @@ from tfbook.losses import cross_entropy
 from tfbook.masks import padding_mask
 from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
+from tfbook.rope import rope_cos_sin
 
 POSITIONS = ("learned", "rope")
 
@@ -109,6 +110,14 @@ class GPT(nn.Module):
             for proj in (block.attn.out_proj, block.ff.fc_out):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
 
+    def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+        """cos and sin of the rotary angles at `positions`, shared by every layer (None without
+        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T)."""
+        c = self.config
+        if c.position != "rope":
+            return None
+        return rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_precision, dtype)
+
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
         `max_len` positions (default: the whole context; generate asks for what it needs)."""
@@ -162,11 +171,13 @@ class GPT(nn.Module):
                     f"seen, cached ones included, got {tuple(attention_mask.shape)}"
                 )
             mask = padding_mask(attention_mask)  # (B, 1, 1, S): padded keys are hidden
+        rope_table = self.rope_table(positions, x.dtype)  # once for every layer, or None
         attentions = []
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
             x, weights = block(x, mask=mask, causal=True, positions=positions,
-                               cache=layer_cache, need_weights=need_weights)  # (B, T, C)
+                               cache=layer_cache, need_weights=need_weights,
+                               rope_table=rope_table)  # (B, T, C)
             if need_weights:
                 attentions.append(weights)  # (B, H, T, S)
         if last_only:
