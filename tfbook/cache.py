@@ -13,7 +13,9 @@ One `KVCache` serves every model in tfbook. Each layer holds its own `LayerCache
 attention module calls `update` with the new keys and values (the key/value heads *before*
 they are repeated for grouped-query attention, which is where the memory saving comes from)
 and reads back all of them. Cross-attention stores the source's keys and values once, since
-the source does not change while the target grows.
+the source does not change while the target grows. Speculative decoding stores keys and values
+for guesses that may be rejected, then `crop`s the cache back to the kept positions; a draft
+made of the model's first blocks reads and writes `first_layers(k)`, the same storage.
 
     memory = 2 (K and V) x layers x kv-heads x D x positions x bytes per number
 
