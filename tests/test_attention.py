@@ -1,14 +1,13 @@
 """Attention equals torch: F.scaled_dot_product_attention and nn.MultiheadAttention."""
 
-import importlib.util
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.attention_kernels import KERNELS
 from tfbook.attention import (
-    ATTENTION_KERNELS,
     MultiHeadAttention,
     attend,
     scaled_dot_product_attention,
@@ -112,12 +111,6 @@ def test_mha_causal_equals_torch_attn_mask():
     ours, _ = mha(x, causal=True)
     theirs, _ = ref(x, x, x, attn_mask=~causal_mask(T))
     assert (ours - theirs).abs().max() <= 1e-5
-
-
-HAS_FLASH = importlib.util.find_spec("tfbook.flash") is not None
-KERNELS = [pytest.param(k, marks=pytest.mark.skipif(
-    k == "flash" and not HAS_FLASH, reason="the flash kernel's module tfbook.flash is missing"))
-    for k in ATTENTION_KERNELS]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

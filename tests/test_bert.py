@@ -1,8 +1,11 @@
 """The BERT encoder: padding does not leak, pooler, tied MLM head, bad input."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from tests.attention_kernels import KERNELS
 from tfbook.models.bert import Bert, BertConfig, BertForMaskedLM
 
 
@@ -21,6 +24,16 @@ def test_padding_does_not_change_real_tokens(model):
     assert torch.allclose(padded.last_hidden_state[:, :5], alone, atol=1e-5)
     assert torch.all(padded.attentions[0][..., 5:] == 0)  # nobody attends to padding
     assert padded.pooled.shape == (1, 32)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_attention_kernel_gives_the_same_vectors(model, kernel):
+    fast = Bert(replace(BertConfig.tiny(), attention=kernel)).eval()
+    fast.load_state_dict(model.state_dict())  # the fixture runs torch's kernel by default
+    ids = torch.randint(1, 100, (3, 8))
+    real = torch.arange(8) < torch.tensor([8, 5, 2])[:, None]  # (B, T)
+    expected = model(ids, real, need_weights=True).last_hidden_state  # weights: the reference
+    assert (fast(ids, real).last_hidden_state - expected)[real].abs().max() <= 1e-5
 
 
 def test_token_types_matter(model):

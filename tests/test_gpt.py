@@ -5,7 +5,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.attention_kernels import KERNELS, OWN_CODE
 from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.models.llama import tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +44,6 @@ def test_future_tokens_do_not_change_the_past(model):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-OWN_CODE = {"attention": "reference", "fused_norm": False, "fused_activation": False}
-
-
 def test_fused_kernels_and_our_code_agree(model):
     idx = torch.randint(0, 256, (2, 16))
     ours = GPT(replace(GPTConfig.tiny(), activation="gelu", **OWN_CODE)).eval()
@@ -56,6 +55,29 @@ def test_fused_kernels_and_our_code_agree(model):
     fused(idx, targets).loss.backward()
     for a, b in zip(ours.parameters(), fused.parameters(), strict=True):
         assert (a.grad - b.grad).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("preset", ["gpt2", "llama"])
+def test_every_attention_kernel_gives_the_same_logits(kernel, preset):
+    """Left-padded batch, whole and step by step through the cache (grouped heads and RoPE
+    for the Llama preset): each kernel gives the reference's logits at every real token."""
+    config = GPTConfig.tiny() if preset == "gpt2" else tiny_llama()
+    torch.manual_seed(0)
+    reference = GPT(replace(config, attention="reference")).eval()
+    model = GPT(replace(config, attention=kernel)).eval()
+    model.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 256, (2, 9))
+    real = torch.ones(2, 9, dtype=torch.bool)
+    real[1, :3] = False  # the second prompt is left-padded by three
+    expected = reference(ids, attention_mask=real).logits  # (B, T, V)
+    whole = model(ids, attention_mask=real).logits
+    cache = model.new_cache()
+    steps = [model(ids[:, :6], attention_mask=real[:, :6], cache=cache).logits]
+    steps += [model(ids[:, t:t + 1], attention_mask=real[:, :t + 1], cache=cache).logits
+              for t in range(6, 9)]
+    for out in (whole, torch.cat(steps, dim=1)):
+        assert (out - expected)[real].abs().max() <= 1e-5
 
 
 def test_bad_input(model):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.attention_kernels import OWN_CODE
 from tfbook.checkpoints.minilm import load_hf_bert, load_minilm, minilm_dir, sentence_embeddings
 from tfbook.models.bert import BertConfig
 
@@ -44,9 +45,6 @@ def ours():
 def hf():
     model = transformers.AutoModel.from_pretrained(str(minilm_dir()), attn_implementation="eager")
     return model.eval()
-
-
-OWN_CODE = {"attention": "reference", "fused_norm": False, "fused_activation": False}
 
 
 @pytest.mark.parametrize("kernels", [{}, OWN_CODE], ids=["torch-kernels", "own-code"])

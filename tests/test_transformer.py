@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.attention_kernels import KERNELS
 from tfbook.masks import causal_mask
 from tfbook.models.transformer import Transformer, TransformerConfig
 from tfbook.torch_reference import torch_transformer
@@ -34,6 +35,19 @@ def test_equals_torch_transformer(norm_first, act):
     assert [w.shape for w in out.cross_attentions] == [(B, 4, T, S)] * 2
     # cross-attention never looks at padded source positions
     assert torch.all(out.cross_attentions[0][2, :, :, 3:] == 0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_attention_kernel_gives_the_same_logits(kernel):
+    """Encoder, causal decoder and cross-attention to a longer, padded source."""
+    torch.manual_seed(0)
+    model = Transformer(replace(TransformerConfig.tiny(), attention=kernel)).eval()
+    src, tgt = torch.randint(0, 50, (B, S)), torch.randint(0, 50, (B, T))
+    src_keep = torch.arange(S) < torch.tensor([7, 5, 3])[:, None]  # (B, S)
+    tgt_keep = torch.arange(T) < torch.tensor([6, 6, 4])[:, None]  # (B, T)
+    fast = model(src, tgt, src_keep, tgt_keep).logits
+    expected = model(src, tgt, src_keep, tgt_keep, need_weights=True).logits  # the reference
+    assert (fast - expected)[tgt_keep].abs().max() <= 1e-5
 
 
 def test_shared_embeddings_and_scaling():
