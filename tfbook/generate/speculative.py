@@ -355,7 +355,7 @@ def speculative_generate(
     cache = target.new_cache(capacity)
     draft.start(target, cache, capacity)
     if T > 1:  # prefill all but the last prompt token: each pass starts with the last one
-        target(torch.tensor([context[:-1]]), cache=cache)
+        target(torch.tensor([context[:-1]]), cache=cache, last_only=True)  # only the cache
     result = SpeculativeGeneration(tokens=context, prompt_length=T)
     while len(context) - T < max_new_tokens:
         n = min(draft_length, max_new_tokens - (len(context) - T) - 1)  # room for the bonus
