@@ -150,7 +150,7 @@ class KVCache:
         for layer in self.layers:
             layer.crop(length)
 
-    def first_layers(self, n_layers: int) -> "KVCache":
+    def first_layers(self, n_layers: int) -> KVCache:
         """A cache of the first `n_layers` layers that SHARES their storage with this one.
 
         What a draft made of a model's first blocks reads and writes (self-speculation):

@@ -26,7 +26,7 @@ the same vocabulary. Batch 1. Shape legend: n draft tokens, V vocab.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -143,8 +143,6 @@ def early_exit_model(target: nn.Module, n_layers: int) -> nn.Module:
     if not 1 <= n_layers < total:
         raise ValueError(f"an early-exit draft keeps 1 to {total - 1} of the target's {total} "
                          f"blocks, got n_layers={n_layers}")
-    from dataclasses import replace
-
     with torch.device("meta"):  # shapes only: every module is replaced by the target's
         draft = type(target)(replace(target.config, n_layers=int(n_layers)))
     for name, child in target.named_children():
