@@ -334,3 +334,30 @@ def test_non_contiguous_inputs_as_multi_head_attention_passes_them():
     for a, b in zip(torch.autograd.grad(out, (x, kv), grad_out),
                     torch.autograd.grad(ref, (x, kv), grad_out), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_growth_exponent_ignores_the_constant_and_refuses_bad_lengths():
+    from tfbook.measure import growth_exponent
+
+    lengths = [256, 512, 1024, 2048]
+    assert abs(growth_exponent(lengths, [300_000 + 8 * t for t in lengths]) - 1) < 1e-9
+    assert abs(growth_exponent(lengths, [300_000 + 4 * t * t for t in lengths]) - 2) < 1e-9
+    with pytest.raises(ValueError, match="lengths that double"):
+        growth_exponent([256, 500, 1024], [1, 2, 3])
+    with pytest.raises(ValueError, match="at least 3 lengths"):
+        growth_exponent([256, 512], [1, 2])
+    with pytest.raises(ValueError, match="sizes that grow"):
+        growth_exponent([256, 512, 1024], [3, 2, 4])
+
+
+def test_attention_peaks_refuses_unknown_kernels_passes_and_lengths():
+    from tfbook.measure import attention_peak, attention_peaks
+
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        attention_peaks(256, kernels=["naive"])
+    with pytest.raises(ValueError, match="pass must be one of"):
+        attention_peaks(256, passes=["backward"])
+    with pytest.raises(ValueError, match="positive int"):
+        attention_peak("flash", "forward", 0)
+    with pytest.raises(ValueError, match="at least one kernel"):
+        attention_peaks(256, kernels=[])
