@@ -166,8 +166,9 @@ def interact_and_check(page, root, name: str) -> None:
 def screenshot(page, page_path: str, suffix: str) -> None:
     """The whole page as a PNG in _build/screenshots, named after the page."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # a long page on a loaded machine can take more than Playwright's default 30 s
     page.screenshot(path=SCREENSHOTS / (page_path.replace("/", "__")[:-5] + suffix),
-                    full_page=True)
+                    full_page=True, timeout=300_000)
 
 
 @pytest.mark.parametrize("page_path", built_pages())
