@@ -388,7 +388,7 @@ def test_rope_angle_labels_keep_their_distance() -> None:
     assert len(by_row) == 3 and all(len(r) == 5 for r in by_row.values())
     for labels in by_row.values():
         labels.sort()
-        for (x0, a), (x1, b) in zip(labels, labels[1:]):
+        for (x0, a), (x1, b) in zip(labels, labels[1:], strict=False):
             room = x1 - x0 - (text_width(a, SMALL) + text_width(b, SMALL)) / 2
             assert room >= LABEL_GAP - 1e-9, (a, b, room)
     # the chapter's drawing fits the book's column at 1,280 px (672 px) without scrolling

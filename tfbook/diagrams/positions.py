@@ -64,7 +64,7 @@ def rope_planes(D: int, positions: tuple[int, ...] = (0, 1, 2, 3),
     r, cell_h, label_w = 28.0, 108.0, 104.0
     cell_w = max(2 * r + 36, widest + LABEL_GAP)
     c = Canvas("RoPE: each plane turned by its position")
-    y = heading(c, f"RoPE, D = {D}: plane n turned by t·θ_n", 0, 0)
+    y = heading(c, f"RoPE, D = {D}: plane n turned by t·θₙ", 0, 0)
     for j, t in enumerate(positions):
         c.text(label_w + (j + 0.5) * cell_w, y + 4, f"t = {t}", SMALL, bold=True,
                key=f"pos{j}", shape=(t,))
@@ -76,7 +76,7 @@ def rope_planes(D: int, positions: tuple[int, ...] = (0, 1, 2, 3),
         note(c, 0, top + cell_h / 2 + 12, f"θ = {theta[n]:.3g}", f"theta{i}")
         note(c, 0, top + cell_h / 2 + 29, f"x{2 * n}, x{2 * n + 1}")
         colour = HEAD_COLOURS[i % len(HEAD_COLOURS)]
-        for j, t in enumerate(positions):
+        for j in range(len(positions)):
             cx, cy = label_w + (j + 0.5) * cell_w, top + 8 + r
             circle = [(cx + r * math.cos(a), cy - r * math.sin(a))
                       for a in (k * math.tau / 48 for k in range(49))]
@@ -89,7 +89,7 @@ def rope_planes(D: int, positions: tuple[int, ...] = (0, 1, 2, 3),
         c.line([(0, top + cell_h - 2), (label_w + len(positions) * cell_w, top + cell_h - 2)],
                arrow=False, dashed=True, width=0.6)
     note(c, 0, y + len(planes) * cell_h + 14,
-         "under each circle: t·θ_n; dashed: position 0, where nothing turns")
+         "under each circle: t·θₙ; dashed: position 0, where nothing turns")
     return Diagram(c)
 
 

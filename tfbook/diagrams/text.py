@@ -262,9 +262,11 @@ def merge_tree(tokenizer: BPETokenizer, word: str, title: str | None = None) -> 
         if node.children:
             c.text(cx, y - 5, f"merge {node.token_id}", SMALL, key=f"merge.{node.token_id}",
                    shape=(node.token_id,))
-            for child in node.children:
+            for side, child in zip((-1, 1), node.children, strict=True):
                 cy = y_of(child, False) - (19 if child.children else 0)  # above its label
-                c.line([(centre[id(child)], cy), (cx, y + CHIP_H)], arrow=True, width=1.2)
+                # each part's arrow ends at its own quarter of the box: two heads never meet
+                end = cx + side * w / 4
+                c.line([(centre[id(child)], cy), (end, y + CHIP_H)], arrow=True, width=1.2)
 
     for tree in forest:
         place(tree)
