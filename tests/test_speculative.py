@@ -328,12 +328,13 @@ def test_bad_input_is_refused():
 
 CODE = ("def area(width, height):\n    return width * height\n\n"
         "def perimeter(width, height):\n    return 2 * (width + height)\n")
-N_SMOL = 16
+N_SMOL = 12
 EXIT = 4  # blocks of the early-exit drafts: cheap (they mostly guess wrong, which tests rollback)
 
 
 @pytest.fixture(scope="module")
 def smollm2():
+    """SmolLM2, the code prompt and plain greedy's run on it: loaded and run once per module."""
     from tfbook.checkpoints.smollm2 import (
         load_smollm2,
         load_smollm2_tokenizer,
@@ -343,7 +344,8 @@ def smollm2():
     tokenizer = load_smollm2_tokenizer()
     prompt = smollm2_chat_ids(tokenizer, [{"role": "user", "content":
                                            "Rename width to w in this code:\n" + CODE}])
-    return load_smollm2(), prompt
+    model = load_smollm2()
+    return model, prompt, generate(model, [prompt], N_SMOL, keep_logits=True)
 
 
 def test_smollm2_greedy_equals_generate_and_hugging_face(smollm2):
@@ -351,31 +353,36 @@ def test_smollm2_greedy_equals_generate_and_hugging_face(smollm2):
 
     from tfbook.checkpoints.smollm2 import hf_llama_from_gguf, read_smollm2_gguf
 
-    model, prompt = smollm2
-    plain = generate(model, [prompt], N_SMOL, keep_logits=True)
+    model, prompt, plain = smollm2
     expected = plain.new_tokens[0].tolist()
     steps = torch.cat(plain.logits)  # (N, V): one cached step per token
     top2 = steps.topk(2, dim=-1).values
     margin = float((top2[:, 0] - top2[:, 1]).min())
     drafts = {"prompt lookup": PromptLookupDraft(), "early exit": EarlyExitDraft(model, EXIT),
               "draft model": ModelDraft(early_exit_model(model, EXIT))}
+    runs = {}
     for name, draft in drafts.items():
-        out = speculative_generate(model, prompt, N_SMOL, draft, draft_length=4,
-                                   keep_logits=True)
+        runs[name] = out = speculative_generate(model, prompt, N_SMOL, draft, draft_length=4,
+                                                keep_logits=True)
         # the verify passes' scores differ from the single steps' in the last bits only; with
         # every top-1 margin above twice that difference the argmax cannot differ
         gap = float((torch.stack(out.logits) - steps).abs().max())
         assert margin > 2 * gap, (name, margin, gap)
         print(name, "smallest top-1 margin", margin, "largest verify-vs-step gap", gap)
         assert out.new_tokens == expected, name
-    assert sum(speculative_generate(model, prompt, N_SMOL, PromptLookupDraft()).accepted) > 0
+    assert sum(runs["prompt lookup"].accepted) > 0  # the copying draft did guess right
 
     hf = hf_llama_from_gguf(read_smollm2_gguf())
     ids = torch.tensor([prompt])
     common = dict(max_new_tokens=N_SMOL, do_sample=False, min_new_tokens=N_SMOL)
-    assistant = copy.deepcopy(hf)
-    assistant.model.layers = assistant.model.layers[:EXIT]
+    assistant = copy.copy(hf)  # HF's own modules, only the first EXIT layers: nothing copied
+    assistant._modules = dict(hf._modules)
+    assistant.model = copy.copy(hf.model)
+    assistant.model._modules = dict(hf.model._modules)
+    assistant.model.layers = nn.ModuleList(hf.model.layers[:EXIT])
+    assistant.config = assistant.model.config = copy.deepcopy(hf.config)
     assistant.config.num_hidden_layers = EXIT
+    assert hf.config.num_hidden_layers == len(hf.model.layers) > EXIT  # the target untouched
     for how in (dict(prompt_lookup_num_tokens=4), dict(assistant_early_exit=EXIT),
                 dict(assistant_model=assistant), {}):
         hf_new = hf.generate(ids, **common, **how)[0, len(prompt):].tolist()
@@ -384,10 +391,10 @@ def test_smollm2_greedy_equals_generate_and_hugging_face(smollm2):
 
 @torch.no_grad()
 def test_smollm2_next_token_distribution_is_exact(smollm2):
-    model, prompt = smollm2
+    model, prompt, plain = smollm2
     ids = torch.tensor([prompt])
-    p = torch.softmax(model(ids).logits[0, -1].double(), -1)  # the target, (V,)
-    q = torch.softmax(early_exit_model(model, 20)(ids).logits[0, -1].double(), -1)  # the draft
+    p = torch.softmax(plain.logits[0][0].double(), -1)  # the target after the prompt, (V,)
+    q = torch.softmax(early_exit_model(model, EXIT)(ids).logits[0, -1].double(), -1)  # draft
     assert (p - q).abs().sum() > 0.1  # a draft that really differs
     assert (emitted_distribution(p, q) - p).abs().max() <= 1e-6
     assert abs(float(emitted_distribution(p, q).sum()) - 1) <= 1e-9
