@@ -9,11 +9,12 @@
 2. Forward (Dao et al. 2022, loop order of Dao 2023): for each block of queries Q_I, walk the
    blocks of keys K_J, V_J with the update above; O_I = acc / l. Save only the log-sum-exp
    L_I = m + log l (one number per query), never the (T, S) probabilities.
-3. Backward with recomputation: D_i = rowsum(dO_i * O_i); for each key block J and query block
-   I, recompute P_IJ = exp(Q_I K_J^T / sqrt(D) - L_I) from the saved L, then
-       dV_J += P_IJ^T dO_I,   dP_IJ = dO_I V_J^T,   dS_IJ = P_IJ * (dP_IJ - D_I),
-       dQ_I += dS_IJ K_J / sqrt(D),   dK_J += dS_IJ^T Q_I / sqrt(D).
-   The memory held beyond the inputs is O(T D): outputs, L, D and one (block_q, block_k) tile.
+3. Backward with recomputation: delta_i = rowsum(dO_i * O_i); for each key block J and query
+   block I, recompute P_IJ = exp(Z_IJ - L_I), Z_IJ = Q_I K_J^T / sqrt(D), from the saved L, then
+       dV_J += P_IJ^T dO_I,   dP_IJ = dO_I V_J^T,   dZ_IJ = P_IJ * (dP_IJ - delta_I),
+       dQ_I += dZ_IJ K_J / sqrt(D),   dK_J += dZ_IJ^T Q_I / sqrt(D).
+   The memory held beyond the inputs is O(T D): outputs, L, delta and one (block_q, block_k)
+   tile.
 
 Grouped key/value heads are shared by H / H_kv query heads by broadcasting a view (the keys and
 values are never repeated to H heads). `causal` puts the T queries at the last T of the S keys,
@@ -163,7 +164,7 @@ def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
     T, D = q.shape[-2:]
     S = k.size(-2)
     scale = 1.0 / math.sqrt(D)
-    delta = (grad_out * out).sum(dim=-1)  # (N, G, R, T): D_i = rowsum(dO_i * O_i)
+    delta = (grad_out * out).sum(dim=-1)  # (N, G, R, T): delta_i = rowsum(dO_i * O_i)
     # masked scores are -inf, so exp(-inf - 0) = 0 also on rows that saw nothing (L = -inf)
     lse = torch.where(lse == -math.inf, torch.zeros_like(lse), lse)
     grad_q = torch.zeros_like(q)  # (N, G, R, T, D)
@@ -183,9 +184,9 @@ def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
             # the R query heads of a group share K_J, V_J: their contributions add up
             grad_v[..., j0:j1, :] += (p.transpose(-2, -1) @ do_i).sum(dim=2, keepdim=True)
             dp = do_i @ v_j.transpose(-2, -1)  # (N, G, R, bq, bk)
-            ds = p * (dp - delta[..., i0:i1, None])  # (N, G, R, bq, bk): softmax backward
-            grad_q[..., i0:i1, :] += (ds @ k_j) * scale
-            grad_k[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True) * scale
+            dz = p * (dp - delta[..., i0:i1, None])  # (N, G, R, bq, bk): softmax backward
+            grad_q[..., i0:i1, :] += (dz @ k_j) * scale
+            grad_k[..., j0:j1, :] += (dz.transpose(-2, -1) @ q_i).sum(dim=2, keepdim=True) * scale
     return grad_q, grad_k, grad_v
 
 
