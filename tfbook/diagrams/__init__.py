@@ -23,7 +23,9 @@ How to draw a diagram (the API later chapters use):
   `positions.rope_planes`, `positions.rope_angles_drawn`; `generation.kv_cache`,
   `generation.trace_cache`; `learning.lora_layer`, `learning.training_loop`,
   `learning.ring_steps`, `learning.data_parallel`, `learning.model_parallel`;
-  `backward.attention_backward_graph(backward.trace_attention_backward(q, k, v))`.
+  `backward.attention_backward_graph(backward.trace_attention_backward(q, k, v))`;
+  Part VI: `flash.flash_tiles([flash.TileCall(T, S, block_q, block_k, causal, computed)])`,
+  `flash.running_softmax(list(online_softmax_steps(scores, block)))`.
 - A `Diagram` has `.svg` (the SVG string), `.labels` (every text, as `Label(text, key,
   shape)`), `.shape_labels` ({key: text} of the traced shapes); it displays as inline SVG
   whose text and lines take the page's colour (`currentColor`), so it follows a dark theme.
@@ -50,6 +52,7 @@ from tfbook.diagrams.figures import (
     head_split,
     masks,
 )
+from tfbook.diagrams.flash import TileCall, flash_tiles, running_softmax
 from tfbook.diagrams.generation import kv_cache, trace_cache
 from tfbook.diagrams.inputs import bert_input, embedding_lookup
 from tfbook.diagrams.layout import Node, Rect, column, draw, hstack, row, shape_label
@@ -79,4 +82,5 @@ __all__ = [
     "training_loop", "rope_angles_drawn", "rope_planes", "pipeline_stages",
     "pipelines_side_by_side", "tokenizer_pipeline", "attention_backward_graph",
     "trace_attention_backward", "bert_input", "embedding_lookup", "merge_tree",
+    "TileCall", "flash_tiles", "running_softmax",
 ]
