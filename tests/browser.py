@@ -180,12 +180,14 @@ def widget_page(widget, assets: Path, folder: Path, name: str = "widget.html") -
 
 
 @contextmanager
-def static_widget(browser, widget, assets: Path, folder: Path, name: str = "widget.html"):
+def static_widget(browser, widget, assets: Path, folder: Path, name: str = "widget.html",
+                  viewport: dict | None = None):
     """Open `widget` from its saved state in a new page (as `widget_page` writes it), served
-    from `folder`; yields (page, the widget's root element, the PageLog). Closes the page."""
+    from `folder`, at `viewport` (Playwright's default when None); yields (page, the widget's
+    root element, the PageLog). Closes the page."""
     page_file = widget_page(widget, assets, folder, name)
     with serve(folder) as base_url:
-        page = browser.new_page()
+        page = browser.new_page(**({"viewport": viewport} if viewport else {}))
         log = watch(page, base_url)
         page.goto(base_url + page_file.name)
         root = page.locator(".tfw").first

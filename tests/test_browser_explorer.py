@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,28 @@ def test_python_fed_llama_static_page(browser, tmp_path: Path) -> None:
         assert root.locator("input[type=text]").is_disabled()
         assert root.locator("img").count() == 0
     assert not log.dialogs and not (log.page_errors or log.console_errors), log
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 900},
+                                      {"width": 390, "height": 844}], ids=["1280", "390"])
+def test_a_deep_model_opens_with_its_selected_box_in_sight(browser, tmp_path: Path,
+                                                           viewport: dict) -> None:
+    """A deep model's diagram scrolls in its own box; a widget opened on a box far down (as
+    SmolLM2's on block 16) scrolls that box into sight, and never scrolls the page."""
+    torch.manual_seed(0)
+    model = GPT(replace(tiny_llama(), n_layers=16)).eval()
+    last = "blocks.15.attn.weights"
+    widget = ModelExplorer.from_model(model, BPETokenizer({}), "a deep model", box=last)
+    with static_widget(browser, widget, ASSETS, tmp_path, viewport=viewport) as (page, root, _):
+        page.wait_for_function("(r) => r.explorerShown", arg=root.element_handle())
+        box = root.locator(f'g.tfw-box[data-key="{last}"]')
+        view = root.locator(".tfw-diagram")
+        inside = ("([b, v]) => { const r = b.getBoundingClientRect(), "
+                  "w = v.getBoundingClientRect(); return v.scrollHeight > v.clientHeight && "
+                  "r.top >= w.top && r.bottom <= w.bottom && r.left >= w.left - 1 && "
+                  "r.right <= w.right + 1; }")
+        page.wait_for_function(inside, arg=[box.element_handle(), view.element_handle()])
+        assert page.evaluate("window.scrollX") == 0
 
 
 def test_live_in_jupyterlab_python_answers_clicks_and_text(browser, lab) -> None:  # noqa: F811

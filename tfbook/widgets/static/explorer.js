@@ -541,11 +541,27 @@ function render({ model, el: element }) {
   model.on("change:box", drawPanel);
   model.on("change:head", () => { headSlider.set(model.get("head") + 1); drawPanel(); });
 
+  /** The selected box in sight inside the diagram's own scroll box (a deep model opens on a
+   *  box far down; on a phone the box may lie off to the right). Never scrolls the page. */
+  function revealSelected() {
+    const g = boxNodes.get(model.get("box"));
+    const view = diagramBox.getBoundingClientRect();
+    if (!g || !view.width || !view.height) return;  // nothing selected, or not laid out yet
+    const r = g.getBoundingClientRect();
+    if (r.left < view.left || r.right > view.right) {
+      diagramBox.scrollLeft += (r.left + r.right) / 2 - (view.left + view.right) / 2;
+    }
+    if (r.top < view.top || r.bottom > view.bottom) {
+      diagramBox.scrollTop += (r.top + r.bottom) / 2 - (view.top + view.bottom) / 2;
+    }
+  }
+
   drawMode();
   if (hasPageModel()) runHere();
   else fromPython();
   if (!run) drawAll();
   times.firstDraw = performance.now() - started;
+  requestAnimationFrame(revealSelected);  // once the page has laid the widget out
 }
 
 export default { render };
