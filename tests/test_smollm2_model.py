@@ -96,6 +96,24 @@ def test_logits_equal_hugging_face(tokenizer, ours, ours_hf_layout, hf_eager, hf
         assert torch.equal(bitwise, ref_sdpa)  # same layout, angles, kernels and threads
 
 
+@pytest.fixture(scope="module")
+def ours_flash():
+    return load_smollm2(attention="flash")
+
+
+def test_the_flash_kernel_keeps_hugging_faces_logits(tokenizer, ours, ours_flash, hf_eager):
+    """SmolLM2 with our flash kernel (tiles of 64 queries x 64 keys, the online softmax) is
+    within the same bound of HF's logits as with torch's fused kernel (the default), on
+    prompts shorter and longer than one tile."""
+    for ids in [prompts(tokenizer)[3], long_prompt(tokenizer)]:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            theirs = hf_eager(x).logits
+            scale = theirs.abs().max()
+            for model in (ours, ours_flash):
+                assert (model(x).logits - theirs).abs().max() <= HF_RELATIVE_BOUND * scale
+
+
 def assert_same_unless_tie(mine: list[int], theirs: list[int], step_logits: list) -> None:
     """Greedy tokens equal, or, where they first part, the two best logits of that step were
     within the rounding bound of each other (a tie that rounding may break either way)."""
