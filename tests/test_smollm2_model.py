@@ -24,6 +24,7 @@ from tfbook.checkpoints.smollm2 import (
 )
 from tfbook.generate.search import generate
 from tfbook.models.params import count_parameters
+from tfbook.packing import pack_for_decoding
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
              "How many legs does a spider have? Answer with a number, like 8 or 10."]
@@ -101,17 +102,38 @@ def ours_flash():
     return load_smollm2(attention="flash")
 
 
-def test_the_flash_kernel_keeps_hugging_faces_logits(tokenizer, ours, ours_flash, hf_eager):
-    """SmolLM2 with our flash kernel (tiles of 64 queries x 64 keys, the online softmax) is
-    within the same bound of HF's logits as with torch's fused kernel (the default), on
-    prompts shorter and longer than one tile."""
+@pytest.fixture(scope="module")
+def ours_packed():
+    return pack_for_decoding(load_smollm2())
+
+
+def test_the_flash_kernel_and_packing_keep_hugging_faces_logits(tokenizer, ours, ours_flash,
+                                                                 ours_packed, hf_eager):
+    """SmolLM2 with our flash kernel (tiles of 64 queries x 64 keys, the online softmax), and
+    with its weights packed for decoding (q|k|v and gate|value as one product each, wide
+    matrices column by column), is within the same bound of HF's logits as with torch's fused
+    kernel (the default), on prompts shorter and longer than one tile."""
+    assert ours_packed.blocks[0].attn.packed_qkv is not None
     for ids in [prompts(tokenizer)[3], long_prompt(tokenizer)]:
         x = torch.tensor([ids])
         with torch.no_grad():
             theirs = hf_eager(x).logits
             scale = theirs.abs().max()
-            for model in (ours, ours_flash):
+            for model in (ours, ours_flash, ours_packed):
                 assert (model(x).logits - theirs).abs().max() <= HF_RELATIVE_BOUND * scale
+
+
+def test_packed_greedy_continuation_equals_hugging_face(tokenizer, ours_packed, hf_eager):
+    """The packed model decodes (cached steps, one product for q|k|v) the same tokens as HF,
+    unless a step's two best logits tie within the rounding bound."""
+    x = torch.tensor([prompts(tokenizer)[3]])
+    theirs = hf_eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32,
+                               do_sample=False, eos_token_id=tokenizer.eos_id,
+                               pad_token_id=tokenizer.eos_id, output_scores=True,
+                               return_dict_in_generate=True)
+    mine = generate(ours_packed, x, max_new_tokens=32, end_ids=[tokenizer.eos_id])
+    assert_same_unless_tie(mine.tokens[0].tolist()[x.size(1):],
+                           theirs.sequences[0].tolist()[x.size(1):], list(theirs.scores))
 
 
 def assert_same_unless_tie(mine: list[int], theirs: list[int], step_logits: list) -> None:

@@ -206,6 +206,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # H_kv heads, not H
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
+        self.packed_qkv = None  # W_Q, W_K, W_V as one matrix: tfbook.packing (for decoding)
 
     def split_heads(self, x: Tensor, n_heads: int | None = None) -> Tensor:
         """(B, T, n_heads * D) -> (B, n_heads, T, D): each head gets its own D-wide slice."""
@@ -265,10 +266,16 @@ class MultiHeadAttention(nn.Module):
                 f"(T, S) mask into (1, 1, T, S) with mask[None, None], got "
                 f"{tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__}"
             )
-        q = self.split_heads(self.q_proj(x))  # (B, H, T, D)
+        packed = self.packed_qkv if source is None else None
+        if packed is not None and packed.usable():
+            q, k, v = packed(x)  # one product x [W_Q; W_K; W_V]^T, split (tfbook.packing)
+        else:
+            q = self.q_proj(x)
+            k, v = (self.k_proj(x), self.v_proj(x)) if source is None else (None, None)
+        q = self.split_heads(q)  # (B, H, T, D)
         if source is None:  # self-attention: this step's keys and values, then the cache's
-            k = self.split_heads(self.k_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
-            v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (B, H_kv, T, D)
+            k = self.split_heads(k, self.n_kv_heads)  # (B, H_kv, T, D)
+            v = self.split_heads(v, self.n_kv_heads)  # (B, H_kv, T, D)
             if self.rope_base is not None:
                 if rope_table is None:  # standalone: build the table for these positions
                     if positions is None:

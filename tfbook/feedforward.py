@@ -86,10 +86,16 @@ class SwiGLU(nn.Module):
         self.fc_in = nn.Linear(d_model, d_ff, bias=bias)  # W_1: the value path ("up")
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)  # W_2: back to C ("down")
         self.dropout = nn.Dropout(dropout)
+        self.packed_gate_in = None  # W_gate, W_1 as one matrix: tfbook.packing (for decoding)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
-        h = self.act(self.fc_gate(x)) * self.fc_in(x)  # (B, T, F): gate times value
+        packed = self.packed_gate_in
+        if packed is not None and packed.usable():
+            gate, value = packed(x)  # one product x [W_gate; W_1]^T, split (tfbook.packing)
+        else:
+            gate, value = self.fc_gate(x), self.fc_in(x)
+        h = self.act(gate) * value  # (B, T, F): gate times value
         return self.fc_out(self.dropout(h))  # (B, T, C)
 
 

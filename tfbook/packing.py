@@ -1,0 +1,128 @@
+"""Packing a model's weights for decoding: fewer, larger matrix products, in the layout the
+matrix library splits across threads.
+
+A decode step at batch 1 multiplies one vector by every weight matrix, so it has to read every
+weight once; on a CPU its speed is bounded by the memory bandwidth (`bench/bench_decode.py`
+measures both). Two things keep a model written for reading and training away from that bound:
+
+1. Many small products. Every call pays a fixed cost (Python, dispatch, waking the other
+   threads) that a 1 MB matrix does not hide. The queries, keys and values are three products
+   of the same input, and SwiGLU's gate and value two: stacked into one matrix they are one
+   product, whose output is split afterwards,
+
+       [q | k | v] = x [W_Q; W_K; W_V]^T        [g | u] = x [W_gate; W_1]^T
+
+   (GPT-2's checkpoints store W_Q, W_K, W_V stacked as `c_attn`; serving engines such as vLLM
+   stack them at load time).
+2. The layout. A matrix-vector product with a (O, C) matrix stored row by row computes O dot
+   products of length C; stored column by column it adds C scaled columns of length O. The two
+   read the same bytes, but MKL's product on a row-major matrix with a short C (576 for
+   SmolLM2) ran on one thread in our measurements, while the column-major one split the O
+   outputs over both. So a packed matrix with more outputs than inputs is stored column by
+   column.
+
+`pack_for_decoding(model)` does both without changing any parameter's name, shape or value:
+each parameter becomes a view into its packed matrix (a slice of its rows), so the state
+dict, loading with `load_state_dict` and training (which updates the views in place) are
+unchanged. A module uses its packed matrix only when gradients are off (the separate products
+carry the gradients to their own parameters) and while its parameters still are those views:
+after `.to()`, a deep copy or new parameters it computes the separate products again, the
+plain path, with the same result.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tfbook.attention import MultiHeadAttention
+from tfbook.feedforward import SwiGLU
+
+
+def column_major(w: Tensor) -> Tensor:
+    """The same (O, C) matrix stored column by column: strides (1, O) instead of (C, 1)."""
+    return w.t().contiguous().t()
+
+
+class PackedLinear:
+    """The `nn.Linear` layers `names` of `owner`, which read the same input, stored as one
+    (sum O_i, C) matrix.
+
+    The layers' weights (and biases) become views of the packed matrix: one product computes
+    every layer's output, and `split` hands each its own columns.
+    """
+
+    def __init__(self, owner: nn.Module, names: Sequence[str], column: bool | None = None) -> None:
+        layers = [getattr(owner, name, None) for name in names]
+        if not layers or not all(type(layer) is nn.Linear for layer in layers):
+            raise TypeError(f"PackedLinear packs nn.Linear layers, got "
+                            f"{[type(layer).__name__ for layer in layers]} for {list(names)}")
+        first = layers[0].weight
+        for layer in layers:
+            w = layer.weight
+            if (w.size(1), w.dtype, w.device) != (first.size(1), first.dtype, first.device):
+                raise ValueError(
+                    "PackedLinear packs layers with the same input width, dtype and device, "
+                    f"got {[(tuple(x.weight.shape), str(x.weight.dtype)) for x in layers]}")
+            if (layer.bias is None) != (layers[0].bias is None):
+                raise ValueError("PackedLinear packs layers that all have biases or none")
+        self.owner, self.names, self.layers = owner, tuple(names), layers
+        self.sizes = [layer.out_features for layer in layers]
+        self.column = sum(self.sizes) > first.size(1) if column is None else bool(column)
+        with torch.no_grad():
+            weight = torch.cat([layer.weight for layer in layers])  # (sum O_i, C)
+            self.weight = column_major(weight) if self.column else weight.contiguous()
+            self.bias = (None if layers[0].bias is None
+                         else torch.cat([layer.bias for layer in layers]))  # (sum O_i,)
+            for i, layer in enumerate(layers):  # each parameter becomes a view of its rows
+                layer.weight.data = self.weight.split(self.sizes)[i]
+                if self.bias is not None:
+                    layer.bias.data = self.bias.split(self.sizes)[i]
+        self.pointers = self._pointers()
+
+    def _pointers(self) -> list[int]:
+        return [t.data_ptr() for layer in self.layers
+                for t in (layer.weight, layer.bias) if t is not None]
+
+    def usable(self) -> bool:
+        """True when the packed product equals the layers' own: no gradients are wanted, the
+        owner still has these layers (not, say, LoRA-wrapped ones) and every parameter still
+        is its view (not replaced by `.to()`, a copy or new weights)."""
+        return (not torch.is_grad_enabled()
+                and all(getattr(self.owner, name) is layer
+                        for name, layer in zip(self.names, self.layers))
+                and self._pointers() == self.pointers)
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
+        """x (..., C) -> each layer's output (..., O_i), from one product."""
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+def pack_for_decoding(model: nn.Module) -> nn.Module:
+    """Pack `model`'s weights for fast decoding, in place; returns the model.
+
+    Every attention module's W_Q, W_K, W_V and every SwiGLU's W_gate, W_1 become one matrix
+    each (`PackedLinear`); every other linear layer with more outputs than inputs (the
+    output layer, an MLP's first layer) is stored column by column. Names, shapes and values
+    of the parameters do not change; nor does any output beyond float rounding (one product
+    sums in another order than three).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"pack_for_decoding needs an nn.Module, got {type(model).__name__}")
+    packed: set[int] = set()
+    for module in model.modules():
+        groups = {MultiHeadAttention: ("packed_qkv", ("q_proj", "k_proj", "v_proj")),
+                  SwiGLU: ("packed_gate_in", ("fc_gate", "fc_in"))}.get(type(module))
+        if groups is None:
+            continue
+        attribute, names = groups
+        if all(type(getattr(module, name)) is nn.Linear for name in names):  # not LoRA
+            setattr(module, attribute, PackedLinear(module, names))
+            packed.update(id(getattr(module, name)) for name in names)
+    with torch.no_grad():
+        for module in model.modules():
+            if (type(module) is nn.Linear and id(module) not in packed
+                    and module.out_features > module.in_features):
+                module.weight.data = column_major(module.weight.data)
+    return model
