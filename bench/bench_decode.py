@@ -14,13 +14,19 @@ of that reading bounds the tokens per second:
 2. Bytes a step reads: every parameter once (the tied embedding once: the head reads all of
    it, the lookup one row) plus the keys and values cached so far; the bound for each
    bandwidth.
-3. Cached greedy decoding, 64 new tokens after a 16-token prompt: tfbook's `generate` and
-   Hugging Face's, side by side (median of interleaved rounds), as tokens/s and as a fraction
-   of each bound. Goal (issue 17): >= 50% of the matrix-vector bound on 2 threads.
-4. Where a step's time goes: torch.profiler over decode steps, self CPU time by kind of
-   operation (matrix products, attention, norms, element-wise, copies, other), the number of
-   operator calls per step, and the time the weights alone would take at the measured
-   matrix-vector bandwidth.
+3. The layout of a weight matrix: GB/s of the matrix-vector product for each of SmolLM2's
+   shapes (30 copies, as many as the model has blocks, so that none stays in the cache),
+   stored row by row and column by column; `tfbook.packing` stores a matrix with more outputs
+   than inputs column by column because of this table.
+4. Cached greedy decoding, 64 new tokens after a 16-token prompt: tfbook's `generate` on the
+   model as loaded (plain), on the same model packed for decoding (`pack_for_decoding`: one
+   product for q|k|v and one for gate|value, wide matrices column by column) and Hugging
+   Face's, side by side (median of interleaved rounds), as tokens/s and as a fraction of each
+   bound. Goal (issue 17): >= 50% of the matrix-vector bound on 2 threads.
+5. Where a step's time goes: torch.profiler over decode steps of the plain and the packed
+   model, self CPU time by kind of operation (matrix products, attention, norms,
+   element-wise, copies, other), the number of operator calls per step, and the time the
+   weights alone would take at the measured matrix-vector bandwidth.
 
 Two threads, OMP_WAIT_POLICY=PASSIVE, float32. Absolute speeds depend on the machine and its
 load (the load average is recorded); the fractions of the bound measured in the same run are
@@ -52,12 +58,13 @@ from tfbook.checkpoints.smollm2 import (  # noqa: E402
     read_smollm2_gguf,
 )
 from tfbook.generate.search import generate  # noqa: E402
+from tfbook.packing import column_major, pack_for_decoding  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 RESULTS = ROOT / "bench" / "results" / "decode.json"
 THREADS = 2
 PROMPT, NEW_TOKENS = 16, 64
-REPEATS = 3
+REPEATS = 5
 GB = 1e9
 
 
@@ -69,6 +76,28 @@ def bandwidth() -> dict:
     t = median_times({"read": lambda: big.sum(), "matvec": lambda: W @ x}, repeats=7, warmup=2)
     return {"read_GB_per_s": big.numel() * 4 / t["read"] / GB,
             "matvec_GB_per_s": W.numel() * 4 / t["matvec"] / GB}
+
+
+SHAPES = {"q|k|v (packed)": (960, 576), "W_O": (576, 576), "gate|value (packed)": (3072, 576),
+          "down": (576, 1536), "output layer": (49152, 576)}  # SmolLM2's (O, C)
+
+
+def layouts(blocks: int = 30) -> dict:
+    """GB/s of y = W x for each shape, W stored row by row and column by column; `blocks`
+    distinct matrices per shape (one for the output layer), read in turn."""
+    out = {}
+    for name, (O, C) in SHAPES.items():
+        n = 1 if name == "output layer" else blocks
+        rows = [torch.randn(O, C) for _ in range(n)]
+        cols = [column_major(w) for w in rows]
+        x = torch.randn(1, C)
+        t = median_times({
+            "row-major": lambda: [torch.nn.functional.linear(x, w) for w in rows],
+            "column-major": lambda: [torch.nn.functional.linear(x, w) for w in cols],
+        }, repeats=7, warmup=2)
+        out[name] = {k: n * O * C * 4 / v / GB for k, v in t.items()}
+        del rows, cols
+    return out
 
 
 def step_bytes(model, context: int) -> dict:
@@ -85,18 +114,22 @@ def step_bytes(model, context: int) -> dict:
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
 
-def bench_decode(ours, hf, x: torch.Tensor) -> dict:
+def bench_decode(plain, packed, hf, x: torch.Tensor) -> dict:
     out: dict = {}
     with torch.no_grad():
-        generate(ours, x, 2), hf_generate(hf, x, 2)  # warm-up
+        for model in (plain, packed):
+            generate(model, x, 2)  # warm-up
+        hf_generate(hf, x, 2)
         t = median_times({
-            "ours": keeping(out, "ours", lambda: generate(ours, x, NEW_TOKENS).tokens),
+            "plain": keeping(out, "plain", lambda: generate(plain, x, NEW_TOKENS).tokens),
+            "packed": keeping(out, "packed", lambda: generate(packed, x, NEW_TOKENS).tokens),
             "hf": keeping(out, "hf", lambda: hf_generate(hf, x, NEW_TOKENS)),
         }, repeats=REPEATS, warmup=0)
-    check_length(out["ours"], x, NEW_TOKENS, "tfbook")
-    check_length(out["hf"], x, NEW_TOKENS, "Hugging Face")
-    return {"tfbook_tokens_per_s": NEW_TOKENS / t["ours"], "hf_tokens_per_s": NEW_TOKENS / t["hf"],
-            "same_tokens": torch.equal(out["ours"], out["hf"])}
+    for who, label in (("plain", "tfbook"), ("packed", "tfbook packed"), ("hf", "Hugging Face")):
+        check_length(out[who], x, NEW_TOKENS, label)
+    return {"tokens_per_s": {who: NEW_TOKENS / t[who] for who in t},
+            "same_tokens_as_hf": {who: torch.equal(out[who], out["hf"])
+                                  for who in ("plain", "packed")}}
 
 
 KINDS = (  # operator name fragments -> kind, first match wins
@@ -148,57 +181,68 @@ def profile_steps(ours, x: torch.Tensor, steps: int = 16) -> dict:
             "most_time": [[k, t / steps] for k, t in self_time.most_common(8)]}
 
 
+WHO = (("plain", "tfbook generate"), ("packed", "tfbook, packed"), ("hf", "HF generate"))
+
+
 def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(THREADS)
     start = time.perf_counter()
-    print("[1/4] bandwidth", flush=True)
+    print("[1/5] bandwidth", flush=True)
     bw = bandwidth()
-    print("[2/4] loading SmolLM2-135M-Instruct twice (tfbook, Hugging Face)", flush=True)
-    ours = load_smollm2()
+    print("[2/5] matrix-vector products by layout", flush=True)
+    layout = layouts()
+    print("[3/5] loading SmolLM2-135M-Instruct three times (plain, packed, Hugging Face)",
+          flush=True)
+    plain = load_smollm2()
+    packed = pack_for_decoding(load_smollm2())
     hf = hf_llama_from_gguf(read_smollm2_gguf())
     (x,) = prompt_ids((PROMPT,))
-    nbytes = step_bytes(ours, PROMPT + NEW_TOKENS // 2)  # the cache at the run's middle
+    nbytes = step_bytes(plain, PROMPT + NEW_TOKENS // 2)  # the cache at the run's middle
     bounds = {name: bw[f"{name}_GB_per_s"] * GB / nbytes["total"] for name in ("read", "matvec")}
-    print(f"[3/4] cached greedy decoding, {NEW_TOKENS} tokens after {PROMPT}", flush=True)
-    speed = bench_decode(ours, hf, x)
-    print("[4/4] profile of decode steps", flush=True)
-    prof = profile_steps(ours, x)
+    print(f"[4/5] cached greedy decoding, {NEW_TOKENS} tokens after {PROMPT}", flush=True)
+    speed = bench_decode(plain, packed, hf, x)
+    print("[5/5] profile of decode steps", flush=True)
+    prof = {who: profile_steps(model, x) for who, model in (("plain", plain),
+                                                              ("packed", packed))}
     weights_seconds = nbytes["weights"] / (bw["matvec_GB_per_s"] * GB)
+    tps = speed["tokens_per_s"]
     results = {
         "machine": {"python": platform.python_version(), "torch": torch.__version__,
                     "threads": torch.get_num_threads(), "cpu": platform.processor(),
                     "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0]},
-        "bandwidth": bw, "bytes_per_step": nbytes, "bound_tokens_per_s": bounds,
-        "decode": speed,
-        "fraction_of_bound": {
-            f"{who}_vs_{name}": speed[f"{who}_tokens_per_s"] / bounds[name]
-            for who in ("tfbook", "hf") for name in bounds},
+        "bandwidth": bw, "layout_GB_per_s": layout, "bytes_per_step": nbytes,
+        "bound_tokens_per_s": bounds, "decode": speed,
+        "fraction_of_bound": {f"{who}_vs_{name}": tps[who] / bounds[name]
+                              for who in tps for name in bounds},
         "goal_fraction_of_matvec_bound": 0.5,
-        "profile": prof | {"weights_at_matvec_bandwidth_seconds": weights_seconds},
+        "packed_over_plain": tps["packed"] / tps["plain"],
+        "profile": prof, "weights_at_matvec_bandwidth_seconds": weights_seconds,
         "seconds": time.perf_counter() - start,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nbandwidth: read {bw['read_GB_per_s']:.1f} GB/s, matrix-vector "
-          f"{bw['matvec_GB_per_s']:.1f} GB/s")
-    print(f"a step reads {nbytes['total'] / 1e6:.0f} MB (weights {nbytes['weights'] / 1e6:.0f} "
+          f"{bw['matvec_GB_per_s']:.1f} GB/s (load {results['machine']['load_average_1min']:.1f})")
+    print(f"\n{'y = W x, GB/s':<24}{'(O, C)':>14}{'row-major':>11}{'column-major':>14}")
+    for name, r in layout.items():
+        print(f"{name:<24}{str(SHAPES[name]):>14}{r['row-major']:>11.1f}{r['column-major']:>14.1f}")
+    print(f"\na step reads {nbytes['total'] / 1e6:.0f} MB (weights {nbytes['weights'] / 1e6:.0f} "
           f"MB): bound {bounds['read']:.1f} tokens/s (read), {bounds['matvec']:.1f} (matvec)")
-    print(f"\n{'decode tokens/s':<24}{'tokens/s':>10}{'of read':>10}{'of matvec':>11}")
-    for who, label in (("tfbook", "tfbook generate"), ("hf", "HF generate")):
-        tps = speed[f"{who}_tokens_per_s"]
-        print(f"{label:<24}{tps:>10.1f}{tps / bounds['read']:>10.0%}"
-              f"{tps / bounds['matvec']:>11.0%}")
-    print(f"\nprofile: {prof['wall_seconds_per_step'] * 1e3:.1f} ms a step, "
-          f"{prof['aten_calls_per_step']:.0f} operator calls; the weights alone at the "
-          f"matrix-vector bandwidth: {weights_seconds * 1e3:.1f} ms")
-    for kind, seconds in prof["self_seconds_per_step_by_kind"].items():
-        print(f"  {kind:<18}{seconds * 1e3:>7.1f} ms")
-    print("operators with the most self time, ms a step:")
-    for name, seconds in prof["most_time"]:
-        print(f"  {name:<48}{seconds * 1e3:>7.1f}")
+    print(f"\n{'decode':<24}{'tokens/s':>10}{'of read':>10}{'of matvec':>11}{'= HF tokens':>13}")
+    for who, label in WHO:
+        same = speed["same_tokens_as_hf"].get(who, True)
+        print(f"{label:<24}{tps[who]:>10.1f}{tps[who] / bounds['read']:>10.0%}"
+              f"{tps[who] / bounds['matvec']:>11.0%}{str(same):>13}")
+    print(f"packed / plain: {results['packed_over_plain']:.2f}x; goal: 50% of the matvec bound")
+    print(f"\nthe weights alone at the matrix-vector bandwidth: {weights_seconds * 1e3:.1f} ms")
+    for who, p in prof.items():
+        print(f"profile, {who}: {p['wall_seconds_per_step'] * 1e3:.1f} ms a step, "
+              f"{p['aten_calls_per_step']:.0f} operator calls")
+        for kind, seconds in p["self_seconds_per_step_by_kind"].items():
+            print(f"  {kind:<18}{seconds * 1e3:>7.1f} ms")
     print(f"\nwrote {RESULTS.relative_to(ROOT)} in {results['seconds']:.0f} s")
 
 
