@@ -20,9 +20,11 @@ of that reading bounds the tokens per second:
    than inputs column by column because of this table.
 4. Cached greedy decoding, 64 new tokens after a 16-token prompt: tfbook's `generate` on the
    model as loaded (plain), on the same model packed for decoding (`pack_for_decoding`: one
-   product for q|k|v and one for gate|value, wide matrices column by column) and Hugging
-   Face's, side by side (median of interleaved rounds), as tokens/s and as a fraction of each
-   bound. Goal (issue 17): >= 50% of the matrix-vector bound on 2 threads.
+   product for q|k|v and one for gate|value, wide matrices column by column), on an int8
+   copy (`quantise_linears`, per-channel int8 weights, int8 products, then packed) and
+   Hugging Face's, side by side (median of interleaved rounds), as tokens/s and as a fraction
+   of each bound; the int8 model also against its own bound (a quarter of the bytes). Goal
+   (issue 17): >= 50% of the float32 matrix-vector bound on 2 threads.
 5. Where a step's time goes: torch.profiler over decode steps of the plain and the packed
    model, self CPU time by kind of operation (matrix products, attention, norms,
    element-wise, copies, other), the number of operator calls per step, and the time the
@@ -59,6 +61,7 @@ from tfbook.checkpoints.smollm2 import (  # noqa: E402
 )
 from tfbook.generate.search import generate  # noqa: E402
 from tfbook.packing import column_major, pack_for_decoding  # noqa: E402
+from tfbook.quantize import quantise_linears  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 RESULTS = ROOT / "bench" / "results" / "decode.json"
@@ -102,9 +105,12 @@ def layouts(blocks: int = 30) -> dict:
 
 def step_bytes(model, context: int) -> dict:
     """Bytes one decode step reads: the weights once, and the keys and values of `context`
-    earlier positions (the lookup's single row of the tied embedding is not counted)."""
-    seen, weights = set(), 0
-    for p in model.parameters():
+    earlier positions (of the embedding only the lookup's row, not counted, unless the output
+    layer reads it as its tied weight). For an int8 model: the codes and scales."""
+    seen, weights = {id(model.tok_emb.weight)}, 0
+    if getattr(model.lm_head, "weight", None) is model.tok_emb.weight:
+        seen = set()  # tied: the output layer reads the whole embedding matrix
+    for p in [*model.parameters(), *model.buffers()]:
         if id(p) not in seen:
             seen.add(id(p))
             weights += p.numel() * p.element_size()
@@ -114,22 +120,23 @@ def step_bytes(model, context: int) -> dict:
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}
 
 
-def bench_decode(plain, packed, hf, x: torch.Tensor) -> dict:
+def bench_decode(models: dict, hf, x: torch.Tensor) -> dict:
+    """Tokens/s of cached greedy decoding for each of `models` and HF's, interleaved."""
     out: dict = {}
+    fns = {}
     with torch.no_grad():
-        for model in (plain, packed):
+        for who, model in models.items():
             generate(model, x, 2)  # warm-up
+            fns[who] = keeping(out, who, lambda m=model: generate(m, x, NEW_TOKENS).tokens)
         hf_generate(hf, x, 2)
-        t = median_times({
-            "plain": keeping(out, "plain", lambda: generate(plain, x, NEW_TOKENS).tokens),
-            "packed": keeping(out, "packed", lambda: generate(packed, x, NEW_TOKENS).tokens),
-            "hf": keeping(out, "hf", lambda: hf_generate(hf, x, NEW_TOKENS)),
-        }, repeats=REPEATS, warmup=0)
-    for who, label in (("plain", "tfbook"), ("packed", "tfbook packed"), ("hf", "Hugging Face")):
-        check_length(out[who], x, NEW_TOKENS, label)
+        fns["hf"] = keeping(out, "hf", lambda: hf_generate(hf, x, NEW_TOKENS))
+        t = median_times(fns, repeats=REPEATS, warmup=0)
+    for who in fns:
+        check_length(out[who], x, NEW_TOKENS, who)
     return {"tokens_per_s": {who: NEW_TOKENS / t[who] for who in t},
-            "same_tokens_as_hf": {who: torch.equal(out[who], out["hf"])
-                                  for who in ("plain", "packed")}}
+            "same_tokens_as_hf": {who: torch.equal(out[who], out["hf"]) for who in models},
+            "new_tokens_equal_to_hf": {who: int((out[who] == out["hf"])[0, x.size(1):].sum())
+                                       for who in models}}
 
 
 KINDS = (  # operator name fragments -> kind, first match wins
@@ -181,7 +188,8 @@ def profile_steps(ours, x: torch.Tensor, steps: int = 16) -> dict:
             "most_time": [[k, t / steps] for k, t in self_time.most_common(8)]}
 
 
-WHO = (("plain", "tfbook generate"), ("packed", "tfbook, packed"), ("hf", "HF generate"))
+WHO = (("plain", "tfbook generate"), ("packed", "tfbook, packed"),
+       ("int8", "tfbook, int8 packed"), ("hf", "HF generate"))
 
 
 def main() -> None:
@@ -194,16 +202,20 @@ def main() -> None:
     bw = bandwidth()
     print("[2/5] matrix-vector products by layout", flush=True)
     layout = layouts()
-    print("[3/5] loading SmolLM2-135M-Instruct three times (plain, packed, Hugging Face)",
-          flush=True)
+    print("[3/5] loading SmolLM2-135M-Instruct four times (plain, packed, int8 packed, "
+          "Hugging Face)", flush=True)
     plain = load_smollm2()
     packed = pack_for_decoding(load_smollm2())
+    int8 = pack_for_decoding(quantise_linears(load_smollm2()))
     hf = hf_llama_from_gguf(read_smollm2_gguf())
     (x,) = prompt_ids((PROMPT,))
-    nbytes = step_bytes(plain, PROMPT + NEW_TOKENS // 2)  # the cache at the run's middle
+    context = PROMPT + NEW_TOKENS // 2  # the cache at the run's middle
+    nbytes = step_bytes(plain, context)
+    int8_bytes = step_bytes(int8, context)
     bounds = {name: bw[f"{name}_GB_per_s"] * GB / nbytes["total"] for name in ("read", "matvec")}
+    int8_bound = bw["matvec_GB_per_s"] * GB / int8_bytes["total"]
     print(f"[4/5] cached greedy decoding, {NEW_TOKENS} tokens after {PROMPT}", flush=True)
-    speed = bench_decode(plain, packed, hf, x)
+    speed = bench_decode({"plain": plain, "packed": packed, "int8": int8}, hf, x)
     print("[5/5] profile of decode steps", flush=True)
     prof = {who: profile_steps(model, x) for who, model in (("plain", plain),
                                                               ("packed", packed))}
@@ -217,6 +229,8 @@ def main() -> None:
         "bound_tokens_per_s": bounds, "decode": speed,
         "fraction_of_bound": {f"{who}_vs_{name}": tps[who] / bounds[name]
                               for who in tps for name in bounds},
+        "int8": {"bytes_per_step": int8_bytes, "bound_tokens_per_s_matvec": int8_bound,
+                 "fraction_of_its_bound": tps["int8"] / int8_bound},
         "goal_fraction_of_matvec_bound": 0.5,
         "packed_over_plain": tps["packed"] / tps["plain"],
         "profile": prof, "weights_at_matvec_bandwidth_seconds": weights_seconds,
@@ -231,12 +245,15 @@ def main() -> None:
         print(f"{name:<24}{str(SHAPES[name]):>14}{r['row-major']:>11.1f}{r['column-major']:>14.1f}")
     print(f"\na step reads {nbytes['total'] / 1e6:.0f} MB (weights {nbytes['weights'] / 1e6:.0f} "
           f"MB): bound {bounds['read']:.1f} tokens/s (read), {bounds['matvec']:.1f} (matvec)")
-    print(f"\n{'decode':<24}{'tokens/s':>10}{'of read':>10}{'of matvec':>11}{'= HF tokens':>13}")
+    print(f"\n{'decode (float32 bound)':<24}{'tokens/s':>10}{'of read':>10}{'of matvec':>11}"
+          f"{'tokens = HF':>13}")
     for who, label in WHO:
-        same = speed["same_tokens_as_hf"].get(who, True)
+        same = speed["new_tokens_equal_to_hf"].get(who, NEW_TOKENS)
         print(f"{label:<24}{tps[who]:>10.1f}{tps[who] / bounds['read']:>10.0%}"
-              f"{tps[who] / bounds['matvec']:>11.0%}{str(same):>13}")
+              f"{tps[who] / bounds['matvec']:>11.0%}{f'{same}/{NEW_TOKENS}':>13}")
     print(f"packed / plain: {results['packed_over_plain']:.2f}x; goal: 50% of the matvec bound")
+    print(f"int8 packed: a step reads {int8_bytes['total'] / 1e6:.0f} MB, bound "
+          f"{int8_bound:.1f} tokens/s (matvec): {tps['int8'] / int8_bound:.0%} of its own bound")
     print(f"\nthe weights alone at the matrix-vector bandwidth: {weights_seconds * 1e3:.1f} ms")
     for who, p in prof.items():
         print(f"profile, {who}: {p['wall_seconds_per_step'] * 1e3:.1f} ms a step, "

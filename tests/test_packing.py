@@ -20,6 +20,7 @@ from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import tiny_llama
 from tfbook.models.transformer import Transformer, TransformerConfig
 from tfbook.packing import PackedLinear, column_major, pack_for_decoding
+from tfbook.quantize import Int8Linear, int8_matmul, int8_per_channel, quantise_linears
 
 CONFIGS = {"gpt2": GPTConfig.tiny(), "llama": tiny_llama()}
 
@@ -156,6 +157,29 @@ def test_encoders_and_cross_attention_pack_too():
     assert (ref - out).abs().max() <= 1e-12 * ref.abs().max()
 
 
+def test_int8_layers_read_their_codes_and_pack_exactly():
+    """Int8Linear is int8_matmul on int8_per_channel's codes; packing int8 layers changes no
+    bit of the output (the integer sums are exact, and x is rounded once with the same rule)."""
+    torch.manual_seed(7)
+    linear = nn.Linear(32, 20)
+    x = torch.randn(3, 4, 32)
+    q, scale = int8_per_channel(linear.weight.detach())
+    want = int8_matmul(x.reshape(12, 32), q, scale) + linear.bias.detach()
+    assert torch.equal(Int8Linear(linear)(x), want.view(3, 4, 20))
+    model = quantise_linears(GPT(tiny_llama()).eval())
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert model.lm_head.codes.dtype == torch.int8 and model.tok_emb.weight.dtype == torch.float32
+    prompt = torch.randint(0, 100, (2, 7))
+    with torch.no_grad():
+        before = model(prompt).logits
+        pack_for_decoding(model)
+        assert model.blocks[0].attn.packed_qkv.int8
+        assert model.blocks[0].ff.packed_gate_in.usable()
+        assert torch.equal(model(prompt).logits, before)
+    assert torch.equal(generate(model, prompt, 8).tokens,
+                       generate(copy.deepcopy(model), prompt, 8).tokens)  # copy: unpacked path
+
+
 def test_packed_linear_splits_one_product():
     torch.manual_seed(6)
     owner = nn.Module()
@@ -176,10 +200,19 @@ def test_bad_input_is_refused_clearly():
         pack_for_decoding("model")
     owner = nn.Module()
     owner.a, owner.b, owner.c = nn.Linear(5, 3), nn.Linear(6, 3), nn.Linear(5, 3, bias=False)
-    with pytest.raises(TypeError, match="PackedLinear packs nn.Linear layers, got"):
+    with pytest.raises(TypeError, match=r"packs nn.Linear layers \(or Int8Linear ones\), got"):
         PackedLinear(owner, ("a", "missing"))
     with pytest.raises(TypeError, match="PackedLinear packs nn.Linear layers"):
         PackedLinear(owner, ())
+    owner.d = Int8Linear(nn.Linear(5, 3))
+    with pytest.raises(TypeError, match=r"got \['Linear', 'Int8Linear'\]"):
+        PackedLinear(owner, ("a", "d"))  # not a mix
+    with pytest.raises(TypeError, match="Int8Linear is built from an nn.Linear, got Int8Linear"):
+        Int8Linear(owner.d)
+    with pytest.raises(ValueError, match=r"expected x \(..., 5\), got \(2, 4\)"):
+        owner.d(torch.zeros(2, 4))
+    with pytest.raises(TypeError, match="quantise_linears needs an nn.Module, got list"):
+        quantise_linears([])
     with pytest.raises(ValueError, match="same input width"):
         PackedLinear(owner, ("a", "b"))
     with pytest.raises(ValueError, match="all have biases or none"):

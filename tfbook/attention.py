@@ -245,7 +245,9 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         B, T, C = x.size()
-        dtype = self.q_proj.weight.dtype  # under autocast torch casts inputs itself
+        # under autocast torch casts inputs itself; int8 layers (tfbook.quantize.Int8Linear)
+        # hold no float weight and take any float input
+        dtype = getattr(self.q_proj, "weight", x).dtype
         for name, t in (("x", x), ("source", source)):
             if t is not None and t.dtype != dtype and not torch.is_autocast_enabled(t.device.type):
                 raise TypeError(f"expected {name} of this module's dtype {dtype} (its weights), "

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from tfbook.attention import MultiHeadAttention
 from tfbook.feedforward import SwiGLU
+from tfbook.quantize import Int8Linear, int8_matmul
 
 
 def column_major(w: Tensor) -> Tensor:
@@ -55,35 +56,41 @@ class PackedLinear:
 
     def __init__(self, owner: nn.Module, names: Sequence[str], column: bool | None = None) -> None:
         layers = [getattr(owner, name, None) for name in names]
-        if not layers or not all(type(layer) is nn.Linear for layer in layers):
-            raise TypeError(f"PackedLinear packs nn.Linear layers, got "
+        kind = type(layers[0]) if layers else None
+        if kind not in (nn.Linear, Int8Linear) or not all(type(x) is kind for x in layers):
+            raise TypeError(f"PackedLinear packs nn.Linear layers (or Int8Linear ones), got "
                             f"{[type(layer).__name__ for layer in layers]} for {list(names)}")
-        first = layers[0].weight
-        for layer in layers:
-            w = layer.weight
-            if (w.size(1), w.dtype, w.device) != (first.size(1), first.dtype, first.device):
+        self.int8 = kind is Int8Linear
+        stored = [layer.codes if self.int8 else layer.weight for layer in layers]
+        for layer, w in zip(layers, stored):
+            if (w.size(1), w.dtype, w.device) != (stored[0].size(1), stored[0].dtype,
+                                                  stored[0].device):
                 raise ValueError(
                     "PackedLinear packs layers with the same input width, dtype and device, "
-                    f"got {[(tuple(x.weight.shape), str(x.weight.dtype)) for x in layers]}")
+                    f"got {[(tuple(x.shape), str(x.dtype)) for x in stored]}")
             if (layer.bias is None) != (layers[0].bias is None):
                 raise ValueError("PackedLinear packs layers that all have biases or none")
         self.owner, self.names, self.layers = owner, tuple(names), layers
         self.sizes = [layer.out_features for layer in layers]
-        self.column = sum(self.sizes) > first.size(1) if column is None else bool(column)
+        self.column = (not self.int8 and sum(self.sizes) > stored[0].size(1)
+                       if column is None else bool(column))
         with torch.no_grad():
-            weight = torch.cat([layer.weight for layer in layers])  # (sum O_i, C)
+            weight = torch.cat(stored)  # (sum O_i, C): float weights or int8 codes
             self.weight = column_major(weight) if self.column else weight.contiguous()
+            self.scale = torch.cat([layer.scale for layer in layers]) if self.int8 else None
             self.bias = (None if layers[0].bias is None
                          else torch.cat([layer.bias for layer in layers]))  # (sum O_i,)
-            for i, layer in enumerate(layers):  # each parameter becomes a view of its rows
-                layer.weight.data = self.weight.split(self.sizes)[i]
-                if self.bias is not None:
-                    layer.bias.data = self.bias.split(self.sizes)[i]
+            for i, layer in enumerate(layers):  # each tensor becomes a view of its rows
+                for name, packed in (("codes" if self.int8 else "weight", self.weight),
+                                     ("scale", self.scale), ("bias", self.bias)):
+                    if packed is not None:
+                        getattr(layer, name).data = packed.split(self.sizes)[i]
         self.pointers = self._pointers()
 
     def _pointers(self) -> list[int]:
-        return [t.data_ptr() for layer in self.layers
-                for t in (layer.weight, layer.bias) if t is not None]
+        names = ("codes", "scale", "bias") if self.int8 else ("weight", "bias")
+        return [t.data_ptr() for layer in self.layers for t in
+                (getattr(layer, name) for name in names) if t is not None]
 
     def usable(self) -> bool:
         """True when the packed product equals the layers' own: no gradients are wanted, the
@@ -96,7 +103,12 @@ class PackedLinear:
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
         """x (..., C) -> each layer's output (..., O_i), from one product."""
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        if not self.int8:
+            return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        y = int8_matmul(x.reshape(-1, x.size(-1)), self.weight, self.scale)  # (N, sum O_i)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], -1).to(x.dtype).split(self.sizes, dim=-1)
 
 
 def pack_for_decoding(model: nn.Module) -> nn.Module:
@@ -117,7 +129,8 @@ def pack_for_decoding(model: nn.Module) -> nn.Module:
         if groups is None:
             continue
         attribute, names = groups
-        if all(type(getattr(module, name)) is nn.Linear for name in names):  # not LoRA
+        kinds = {type(getattr(module, name)) for name in names}
+        if kinds in ({nn.Linear}, {Int8Linear}):  # not LoRA, not a mix
             setattr(module, attribute, PackedLinear(module, names))
             packed.update(id(getattr(module, name)) for name in names)
     with torch.no_grad():

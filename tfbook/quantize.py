@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 SCHEMES = ("absmax", "zero_point")
 
@@ -290,6 +290,17 @@ def int8_dequantise(q: Tensor, scale: Tensor) -> Tensor:
     return q.float() * scale.float()[:, None]  # (R, K)
 
 
+def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """`int8_per_channel`'s rule for an input (T, K), without its checks: what `int8_matmul`
+    does to x at every call (a decode step makes a hundred such calls).
+    -> int8 codes (T, K), float32 scales (T,); a row of zeros gets scale 1 and codes 0."""
+    x = x.float()
+    d = x.abs().amax(dim=-1, keepdim=True) / 127  # (T, 1)
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = _round_half_away(x * inverse).clamp(-127, 127).to(torch.int8)  # (T, K)
+    return q, torch.where(d > 0, d, torch.ones_like(d))[:, 0]
+
+
 def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     """x @ W^T with W = int8_dequantise(q, scale), in integers.
 
@@ -305,9 +316,52 @@ def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     if x.shape[1] != q.shape[1]:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {q.shape[1]}: "
                          "expected equal")
-    qx, sx = int8_per_channel(x)  # (T, K) int8, (T,)
+    qx, sx = int8_rows(x)  # (T, K) int8, (T,): int8_per_channel's rule
     acc = torch._int_mm(qx, q.T)  # (T, K) @ (K, N) -> (T, N) int32, exact
     return acc.float() * sx[:, None] * scale.float()[None, :]  # (T, N)
+
+
+class Int8Linear(nn.Module):
+    """A linear layer stored as per-channel int8 (`int8_per_channel`: codes (O, C) and one
+    float32 scale a row), multiplied in integers (`int8_matmul`): a product reads one byte a
+    weight instead of four. Built from an `nn.Linear` (`Int8Linear(linear)`); the bias stays
+    float. A model for decoding, not for training: the codes take no gradient."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if type(linear) is not nn.Linear:
+            raise TypeError(f"Int8Linear is built from an nn.Linear, got {type(linear).__name__}")
+        codes, scale = int8_per_channel(linear.weight.detach())
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("codes", codes)  # (O, C) int8
+        self.register_buffer("scale", scale)  # (O,) float32
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., C) -> (..., O) in x's dtype."""
+        if x.size(-1) != self.in_features:
+            raise ValueError(f"expected x (..., {self.in_features}), got {tuple(x.shape)}")
+        y = int8_matmul(x.reshape(-1, self.in_features), self.codes, self.scale)  # (N, O)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def quantise_linears(model: nn.Module) -> nn.Module:
+    """Replace every `nn.Linear` of `model` by an `Int8Linear`, in place; returns the model.
+
+    A tied output layer gets its own int8 copy of the embedding matrix; the embedding itself
+    (a lookup of one row a token) stays float."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantise_linears needs an nn.Module, got {type(model).__name__}")
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, Int8Linear(child))
+    return model
 
 
 @functools.lru_cache(maxsize=2)
