@@ -89,17 +89,15 @@ def layouts(blocks: int = 30) -> dict:
     """GB/s of y = W x for each shape, W stored row by row and column by column; `blocks`
     distinct matrices per shape (one for the output layer), read in turn."""
     out = {}
-    for name, (O, C) in SHAPES.items():
+    for name, (n_out, n_in) in SHAPES.items():
         n = 1 if name == "output layer" else blocks
-        rows = [torch.randn(O, C) for _ in range(n)]
-        cols = [column_major(w) for w in rows]
-        x = torch.randn(1, C)
+        rows = [torch.randn(n_out, n_in) for _ in range(n)]
+        layouts = {"row-major": rows, "column-major": [column_major(w) for w in rows]}
+        x = torch.randn(1, n_in)
         t = median_times({
-            "row-major": lambda: [torch.nn.functional.linear(x, w) for w in rows],
-            "column-major": lambda: [torch.nn.functional.linear(x, w) for w in cols],
-        }, repeats=7, warmup=2)
-        out[name] = {k: n * O * C * 4 / v / GB for k, v in t.items()}
-        del rows, cols
+            layout: lambda ws=ws, x=x: [torch.nn.functional.linear(x, w) for w in ws]
+            for layout, ws in layouts.items()}, repeats=7, warmup=2)
+        out[name] = {k: n * n_out * n_in * 4 / v / GB for k, v in t.items()}
     return out
 
 

@@ -92,7 +92,7 @@ def test_gradients_take_the_plain_path_and_training_keeps_the_packing():
         loss = model(x[:, :-1], targets=x[:, 1:]).loss
         loss.backward()
         opt.step()
-    for p, q in zip(plain.parameters(), packed.parameters()):
+    for p, q in zip(plain.parameters(), packed.parameters(), strict=True):
         assert (p - q).abs().max() <= 1e-12 * max(1.0, p.abs().max())
     attn = packed.blocks[0].attn
     with torch.no_grad():
@@ -190,7 +190,7 @@ def test_packed_linear_splits_one_product():
         pack = PackedLinear(owner, ("a", "b"))
         assert pack.column and pack.weight.shape == (7, 5) and pack.weight.stride() == (1, 7)
         assert owner.a.weight.data_ptr() == pack.weight.data_ptr()  # a view, not a copy
-        for got, want in zip(pack(x), ref):
+        for got, want in zip(pack(x), ref, strict=True):
             assert (got - want).abs().max() <= 1e-14
     assert torch.equal(column_major(ref[0]), ref[0])
 

@@ -62,7 +62,7 @@ class PackedLinear:
                             f"{[type(layer).__name__ for layer in layers]} for {list(names)}")
         self.int8 = kind is Int8Linear
         stored = [layer.codes if self.int8 else layer.weight for layer in layers]
-        for layer, w in zip(layers, stored):
+        for layer, w in zip(layers, stored, strict=True):
             if (w.size(1), w.dtype, w.device) != (stored[0].size(1), stored[0].dtype,
                                                   stored[0].device):
                 raise ValueError(
@@ -98,7 +98,7 @@ class PackedLinear:
         is its view (not replaced by `.to()`, a copy or new weights)."""
         return (not torch.is_grad_enabled()
                 and all(getattr(self.owner, name) is layer
-                        for name, layer in zip(self.names, self.layers))
+                        for name, layer in zip(self.names, self.layers, strict=True))
                 and self._pointers() == self.pointers)
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:

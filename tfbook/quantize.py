@@ -357,7 +357,7 @@ def quantise_linears(model: nn.Module) -> nn.Module:
     (a lookup of one row a token) stays float."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"quantise_linears needs an nn.Module, got {type(model).__name__}")
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, child_name, Int8Linear(child))
