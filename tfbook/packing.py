@@ -28,6 +28,10 @@ unchanged. A module uses its packed matrix only when gradients are off (the sepa
 carry the gradients to their own parameters) and while its parameters still are those views:
 after `.to()`, a deep copy or new parameters it computes the separate products again, the
 plain path, with the same result.
+
+The layout is chosen for decoding one sequence. With a batch of rows (beam search's beams, a
+prefill) the products become matrix-matrix ones, which the library runs from its own copy of
+the weight in either layout: there the stacking saves calls, the layout nothing.
 """
 
 from collections.abc import Sequence
