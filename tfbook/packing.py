@@ -54,8 +54,8 @@ class PackedLinear:
     """The `nn.Linear` layers `names` of `owner`, which read the same input, stored as one
     (sum O_i, C) matrix.
 
-    The layers' weights (and biases) become views of the packed matrix: one product computes
-    every layer's output, and `split` hands each its own columns.
+    The layers' weights (and biases) become views of the packed matrix (each its own rows):
+    one product computes every layer's output, and `split` cuts it into each layer's part.
     """
 
     def __init__(self, owner: nn.Module, names: Sequence[str], column: bool | None = None) -> None:
