@@ -123,19 +123,6 @@ def test_the_flash_kernel_and_packing_keep_hugging_faces_logits(tokenizer, ours,
                 assert (model(x).logits - theirs).abs().max() <= HF_RELATIVE_BOUND * scale
 
 
-def test_packed_greedy_continuation_equals_hugging_face(tokenizer, ours_packed, hf_eager):
-    """The packed model decodes (cached steps, one product for q|k|v) the same tokens as HF,
-    unless a step's two best logits tie within the rounding bound."""
-    x = torch.tensor([prompts(tokenizer)[3]])
-    theirs = hf_eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32,
-                               do_sample=False, eos_token_id=tokenizer.eos_id,
-                               pad_token_id=tokenizer.eos_id, output_scores=True,
-                               return_dict_in_generate=True)
-    mine = generate(ours_packed, x, max_new_tokens=32, end_ids=[tokenizer.eos_id])
-    assert_same_unless_tie(mine.tokens[0].tolist()[x.size(1):],
-                           theirs.sequences[0].tolist()[x.size(1):], list(theirs.scores))
-
-
 def assert_same_unless_tie(mine: list[int], theirs: list[int], step_logits: list) -> None:
     """Greedy tokens equal, or, where they first part, the two best logits of that step were
     within the rounding bound of each other (a tie that rounding may break either way)."""
@@ -148,17 +135,29 @@ def assert_same_unless_tie(mine: list[int], theirs: list[int], step_logits: list
     assert top[0] - top[1] <= 2 * HF_RELATIVE_BOUND * logits.abs().max(), (first, top)
 
 
+def assert_greedy_equals_hugging_face(tokenizer, model, hf_eager, ids, new_tokens) -> int:
+    """model's greedy continuation of ids equals HF's unless a tie; -> HF's new tokens."""
+    x = torch.tensor([ids])
+    theirs = hf_eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                               do_sample=False, eos_token_id=tokenizer.eos_id,
+                               pad_token_id=tokenizer.eos_id, output_scores=True,
+                               return_dict_in_generate=True)
+    mine = generate(model, x, max_new_tokens=new_tokens, end_ids=[tokenizer.eos_id])
+    assert_same_unless_tie(mine.tokens[0].tolist()[x.size(1):],
+                           theirs.sequences[0].tolist()[x.size(1):], list(theirs.scores))
+    return theirs.sequences.size(1) - x.size(1)
+
+
 def test_greedy_continuations_equal_hugging_face(tokenizer, ours, hf_eager):
     for ids in [prompts(tokenizer)[0], prompts(tokenizer)[3]]:
-        x = torch.tensor([ids])
-        theirs = hf_eager.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=64,
-                                   do_sample=False, eos_token_id=tokenizer.eos_id,
-                                   pad_token_id=tokenizer.eos_id, output_scores=True,
-                                   return_dict_in_generate=True)
-        mine = generate(ours, x, max_new_tokens=64, end_ids=[tokenizer.eos_id])
-        assert_same_unless_tie(mine.tokens[0].tolist()[x.size(1):],
-                               theirs.sequences[0].tolist()[x.size(1):], list(theirs.scores))
-    assert theirs.sequences.size(1) - x.size(1) == 64  # the plain text runs all 64 new tokens
+        made = assert_greedy_equals_hugging_face(tokenizer, ours, hf_eager, ids, 64)
+    assert made == 64  # the plain text runs all 64 new tokens
+
+
+def test_packed_greedy_continuation_equals_hugging_face(tokenizer, ours_packed, hf_eager):
+    """The packed model decodes (cached steps, one product for q|k|v) the same tokens as HF,
+    unless a step's two best logits tie within the rounding bound."""
+    assert_greedy_equals_hugging_face(tokenizer, ours_packed, hf_eager, prompts(tokenizer)[3], 32)
 
 
 def test_seeded_sampling_equals_hugging_face(tokenizer, ours_hf_layout, hf_sdpa, threads):
