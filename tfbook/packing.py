@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from tfbook.attention import MultiHeadAttention
 from tfbook.feedforward import SwiGLU
-from tfbook.quantize import Int8Linear, int8_matmul
+from tfbook.quantize import Int8Linear, int8_linear
 
 
 def column_major(w: Tensor) -> Tensor:
@@ -109,10 +109,7 @@ class PackedLinear:
         """x (..., C) -> each layer's output (..., O_i), from one product."""
         if not self.int8:
             return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
-        y = int8_matmul(x.reshape(-1, x.size(-1)), self.weight, self.scale)  # (N, sum O_i)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], -1).to(x.dtype).split(self.sizes, dim=-1)
+        return int8_linear(x, self.weight, self.scale, self.bias).split(self.sizes, dim=-1)
 
 
 def pack_for_decoding(model: nn.Module) -> nn.Module:

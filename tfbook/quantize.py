@@ -321,6 +321,15 @@ def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     return acc.float() * sx[:, None] * scale.float()[None, :]  # (T, N)
 
 
+def int8_linear(x: Tensor, codes: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """A linear layer in int8: x (..., C) -> x W^T + b (..., O) in x's dtype, with W given as
+    int8 codes (O, C) and row scales (O,) (`int8_matmul` on the rows of x)."""
+    y = int8_matmul(x.reshape(-1, x.size(-1)), codes, scale)  # (N, O)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], -1).to(x.dtype)
+
+
 class Int8Linear(nn.Module):
     """A linear layer stored as per-channel int8 (`int8_per_channel`: codes (O, C) and one
     float32 scale a row), multiplied in integers (`int8_matmul`): a product reads one byte a
@@ -341,10 +350,7 @@ class Int8Linear(nn.Module):
         """x (..., C) -> (..., O) in x's dtype."""
         if x.size(-1) != self.in_features:
             raise ValueError(f"expected x (..., {self.in_features}), got {tuple(x.shape)}")
-        y = int8_matmul(x.reshape(-1, self.in_features), self.codes, self.scale)  # (N, O)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+        return int8_linear(x, self.codes, self.scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
