@@ -41,7 +41,6 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch starts its thread pool
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from collections import Counter, defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -52,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_generate import check_length, hf_generate, keeping, prompt_ids  # noqa: E402
-from bench_model import median_times  # noqa: E402
+from bench_model import machine, median_times  # noqa: E402
 
 from tfbook.checkpoints.smollm2 import (  # noqa: E402
     hf_llama_from_gguf,
@@ -220,9 +219,7 @@ def main() -> None:
     weights_seconds = nbytes["weights"] / (bw["matvec_GB_per_s"] * GB)
     tps = speed["tokens_per_s"]
     results = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                    "cpu_count": os.cpu_count(), "load_average_1min": os.getloadavg()[0]},
+        "machine": machine(),
         "bandwidth": bw, "layout_GB_per_s": layout, "bytes_per_step": nbytes,
         "bound_tokens_per_s": bounds, "decode": speed,
         "fraction_of_bound": {f"{who}_vs_{name}": tps[who] / bounds[name]

@@ -24,7 +24,6 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read once, when torch starts its threads
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -34,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_model import median_times  # noqa: E402
+from bench_model import machine, median_times  # noqa: E402
 
 from tfbook.attention import scaled_dot_product_attention  # noqa: E402
 from tfbook.flash import flash_attention  # noqa: E402
@@ -93,10 +92,7 @@ def main() -> None:
                 print(f"[{time.perf_counter() - start:5.0f} s] T={T} causal={causal} "
                       f"backward={backward}", flush=True)
     results = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                    "cpu_count": os.cpu_count(), "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-                    "load_average_1min": os.getloadavg()[0]},
+        "machine": machine(),
         "shape": f"(1, {HEADS}, T, {HEAD_SIZE}) float32, blocks of {BLOCK}",
         "rows": rows, "seconds": time.perf_counter() - start,
     }

@@ -45,7 +45,6 @@ if sys.argv[1:2] != ["--contention-child"]:
 
 import inspect  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -56,7 +55,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
-from bench_model import median_times  # noqa: E402  (the same method as the other benchmarks)
+from bench_model import machine, median_times  # noqa: E402  (the same method as the other benchmarks)
 
 from tfbook.checkpoints.smollm2 import (  # noqa: E402
     hf_llama_from_gguf,
@@ -367,14 +366,7 @@ def main() -> None:
     contention = bench_contention()
 
     results = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                    "cpu_count": os.cpu_count(),
-                    "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-                    # other processes compete for the CPU when this is well above `threads`;
-                    # the ratios stay fair (interleaved runs), absolute speeds do not
-                    "load_average_1min": os.getloadavg()[0]},
+        "machine": machine(transformers=__import__("transformers").__version__),
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to float32), batch 1",
         "forward": forward, "generate": gen, "cache_speedup": cache, "beam_search": beam,
         "thread_contention": contention,

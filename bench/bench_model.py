@@ -73,6 +73,16 @@ def median_times(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def machine(**extra) -> dict:
+    """What a benchmark's numbers depend on, recorded beside them: versions, threads, CPU,
+    the OpenMP wait policy and the load. Other processes compete for the CPU when the load
+    is well above `threads`: the ratios stay fair (interleaved runs), absolute speeds do not."""
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cpu": platform.processor(),
+            "cpu_count": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "load_average_1min": os.getloadavg()[0], **extra}
+
+
 class TorchGPT(nn.Module):
     """The GPT architecture from torch.nn parts: the reference for benchmark 1."""
 
@@ -298,11 +308,7 @@ def main() -> None:
     minilm = bench_minilm()
     cost = bench_attention_cost()
     results = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                    # other processes compete for the CPU when this is well above `threads`;
-                    # the ratios stay fair (interleaved runs), absolute speeds do not
-                    "load_average_1min": os.getloadavg()[0]},
+        "machine": machine(),
         "gpt_forward_backward": gpt,
         "minilm_sentence_encoding": minilm,
         "attention_cost": cost,

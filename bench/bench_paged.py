@@ -30,7 +30,6 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch starts its thread pool
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -39,7 +38,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
-from bench_model import median_times  # noqa: E402  (the same method as the other benchmarks)
+from bench_model import machine, median_times  # noqa: E402  (the same method as the other benchmarks)
 
 from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
 from tfbook.corpus import stdlib_corpus  # noqa: E402
@@ -111,10 +110,7 @@ def main() -> None:
     contiguous = contiguous_bytes(model, BATCH, longest)
 
     results = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                    "cpu_count": os.cpu_count(), "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-                    "load_average_1min": os.getloadavg()[0]},
+        "machine": machine(),
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to float32), greedy",
         "workload": {"requests": REQUESTS, "batch": BATCH, "block_size": BLOCK_SIZE,
                      "num_blocks": num_blocks, "prompt_lengths": list(map(len, prompts)),

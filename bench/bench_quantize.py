@@ -25,7 +25,6 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read once, when torch starts its thread pool
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -34,7 +33,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
-from bench_model import median_times  # noqa: E402
+from bench_model import machine, median_times  # noqa: E402
 
 from tfbook.checkpoints.smollm2 import smollm2_gguf_path  # noqa: E402
 from tfbook.quantize import (  # noqa: E402
@@ -92,11 +91,7 @@ def main() -> None:
             print(f"[{time.perf_counter() - start:5.0f} s] {name}, T = {T}", flush=True)
             rows.append(bench_matrix(name, T))
     results = {
-        "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                    "cpu_count": os.cpu_count(),
-                    "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-                    "load_average_1min": os.getloadavg()[0]},
+        "machine": machine(),
         "rows": rows,
         "seconds": time.perf_counter() - start,
     }

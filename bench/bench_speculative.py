@@ -23,7 +23,6 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch starts its thread pool
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,7 +31,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
-from bench_model import median_times  # noqa: E402
+from bench_model import machine, median_times  # noqa: E402
 
 from tfbook.checkpoints.smollm2 import (  # noqa: E402
     hf_llama_from_gguf,
@@ -129,8 +128,7 @@ def main() -> None:
             print(f"{cand:32} {row['tokens_per_s']:7.1f} {speedup:8.2f}x "
                   f"{row.get('acceptance_rate', float('nan')):7.2f} "
                   f"{row.get('tokens_per_pass', float('nan')):9.2f}")
-    results["machine"] = {"python": platform.python_version(), "torch": torch.__version__,
-                          "threads": torch.get_num_threads(), "cpu": platform.processor()}
+    results["machine"] = machine()
     results["seconds"] = time.time() - start
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
