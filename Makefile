@@ -62,13 +62,17 @@ vendor: $(JS_STAMP) $(PY_STAMP)
 	$(BIN)/python scripts/vendor_assets.py
 
 book: setup vendor
-	$(BIN)/jupyter-book build --all -W -n --keep-going . || { \
+	$(BIN)/python scripts/build_book.py build --all -W -n --keep-going . || { \
 	  echo "error: the book build failed (see the chapter and cell named above)."; exit 1; }
 	@echo
 	@echo "The book is built: open $(CURDIR)/_build/html/index.html"
 
+# The tests run in TEST_JOBS processes (pytest-xdist; a chapter's cells stay in one process),
+# beside the book build, which executes TFBOOK_BUILD_JOBS chapters at a time (default: one a
+# core). CONTRIBUTING.md, "Where the time of make test goes", says how the time divides.
+TEST_JOBS ?= 2
 test: setup vendor check-chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # The browser tests open the built pages in Chromium or Chrome, driven by Playwright: Debian's
 # `chromium`, another one where it usually lives, or the executable named by $$CHROMIUM.

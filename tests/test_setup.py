@@ -43,9 +43,10 @@ def test_a_raising_chapter_fails_the_book_build_naming_chapter_and_cell(tmp_path
         chapter("y = 1", "assert y == 2, 'this claim no longer holds'"))
     (tmp_path / "_toc.yml").write_text(
         "format: jb-book\nroot: book/good\nchapters:\n  - file: book/bad\n")
-    jupyter_book = str(Path(sys.executable).parent / "jupyter-book")
-    result = subprocess.run([jupyter_book, "build", "--all", "-W", "-n", "--keep-going",
-                             str(tmp_path)], capture_output=True, text=True, timeout=300)
+    build_book = str(ROOT / "scripts" / "build_book.py")  # what `make book` runs
+    result = subprocess.run([sys.executable, build_book, "build", "--all", "-W", "-n",
+                             "--keep-going", str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
     out = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)  # no colours
     assert result.returncode != 0
     assert "bad.md" in out and "Executing notebook failed" in out

@@ -188,8 +188,8 @@ def hostile_book(tmp_path_factory) -> Path:
     (folder / "hostile.md").write_text(CHAPTER.format(hostile=HOSTILE), encoding="utf-8")
     if not (ASSETS / "require.min.js").exists():
         pytest.fail("the front-end files are missing: run `make vendor` (make test does it)")
-    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", "--all", "-W", "-n",
-               "--keep-going", str(folder)]
+    command = [sys.executable, str(ROOT / "scripts" / "build_book.py"), "build", "--all", "-W",
+               "-n", "--keep-going", str(folder)]
     result = subprocess.run(command, capture_output=True, text=True, cwd=folder)
     if result.returncode != 0:
         pytest.fail(f"the book build failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}")

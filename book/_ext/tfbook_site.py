@@ -143,8 +143,23 @@ def _use_terminal_streams() -> None:
     render.coalesce_streams = coalesce
 
 
+def declare_parallel_reading(app: Sphinx, _config: Any) -> None:
+    """Let Sphinx read (and so execute) several chapters at once (scripts/build_book.py).
+
+    Two extensions that Jupyter Book loads do not declare whether they are safe for parallel
+    reading, so Sphinx would read the pages one at a time: sphinx_multitoc_numbering renumbers
+    sections only after every page is read, and sphinx_jupyterbook_latex acts only in LaTeX
+    builds. Both are set up by the time the configuration is initialised.
+    """
+    for name in ("sphinx_multitoc_numbering", "sphinx_jupyterbook_latex"):
+        extension = app.extensions.get(name)
+        if extension is not None and extension.parallel_read_safe is None:
+            extension.parallel_read_safe = True
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     _use_terminal_streams()
+    app.connect("config-inited", declare_parallel_reading)
     app.connect("doctree-resolved", collapse_progress_bars)
     app.connect("html-page-context", drop_thebe, priority=900)
     # myst-nb adds the widget state at the default priority (500): escape it after that.
