@@ -7,9 +7,20 @@ re-quantises every matrix of that model (the embedding too; the norm gains stay 
 reads it back. Recorded per format: the loss in nats per token on held-out text (the last
 HELD_OUT_BYTES of tfbook.corpus.stdlib_corpus(), cut into N_WINDOWS windows of T tokens;
 every token after the first of a window is predicted), the bytes of the weights, and the
-relative error ||W' - W|| / ||W|| of every matrix. Also: how many blocks of the shipped file
-come back byte for byte when their dequantised weights are quantised again in their own
-format. Deterministic apart from the float sums of the forward pass (a few minutes).
+relative error ||W' - W|| / ||W|| of every matrix. Two more rows measure the loss only:
+
+- "int8 weights and inputs": the int8 row's weights (every nn.Linear an Int8Linear, the
+  embedding lookup reading the int8-rounded rows), and every product's input rounded per
+  row to int8 as well, by tfbook.quantize.int8_matmul (W8A8).
+- "Q4_1, second dose": an estimate of what Q4_1 costs a model that was not in Q4_1 before.
+  Every Q4_1 matrix of the file gets a second, independent error of Q4_1's size (uniform in
+  +-d/2, d its block's spread over 15 steps), and the embedding is rounded to Q4_1; one row
+  per seed in DOSE_SEEDS.
+
+Also: how many blocks of the shipped file come back byte for byte when their dequantised
+weights are quantised again in their own format, and the file's most lopsided block (the
+smallest share of a block's range on the side of zero its fewer weights lie). Deterministic
+apart from the float sums of the forward pass (about 20 minutes on 2 cores).
 Run: .venv/bin/python scripts/quantize_sweep.py
 """
 
@@ -35,7 +46,9 @@ from tfbook.corpus import corpus_sha256, stdlib_corpus  # noqa: E402
 from tfbook.quantize import (  # noqa: E402
     BLOCK_BYTES,
     FORMATS,
+    gguf_dequantise,
     gguf_quantise,
+    quantise_linears,
     read_gguf_blocks,
     relative_error,
     round_trip,
@@ -46,6 +59,8 @@ OUT = ROOT / "book" / "fast" / "data" / "quantize_sweep.json"
 HELD_OUT_BYTES = 40_000  # the end of the corpus
 T = 512  # tokens per window
 N_WINDOWS = 8
+W8A8 = "int8 weights and inputs"  # the row of int8_matmul's model
+DOSE_SEEDS = (0, 1)  # the second-dose estimate of Q4_1, one row per seed
 
 
 def held_out_windows(tokenizer) -> torch.Tensor:
@@ -67,6 +82,34 @@ def window_losses(model, windows: torch.Tensor) -> list[float]:
         logits = model(x[None]).logits[0]  # (T, V)
         losses.append(float(F.cross_entropy(logits[:-1].double(), x[1:])))
     return losses
+
+
+def second_dose(w: torch.Tensor, seed: int) -> torch.Tensor:
+    """w (R, K), a matrix of the file's Q4_1 weights, with a second Q4_1-sized rounding
+    error: uniform in +-d/2 per weight, d = (max - min) / 15 of its block of 32."""
+    blocks = w.reshape(-1, 32)  # (N, 32)
+    d = (blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True)) / 15  # (N, 1)
+    noise = torch.rand(blocks.shape, generator=torch.Generator().manual_seed(seed)) - 0.5
+    return (blocks + noise * d).reshape(w.shape)
+
+
+def most_lopsided(shipped: dict) -> dict:
+    """The block of the file whose weights lie most on one side of zero: per block, the share
+    of its range max - min on the side where its fewer weights lie, min(max, -min) / range,
+    0 for a block of one sign."""
+    best, one_signed = None, 0
+    for name, (kind, blocks) in tqdm(shipped.items(), desc="lopsided blocks"):
+        w = gguf_dequantise(blocks, kind)  # (R, K)
+        b = w.reshape(w.shape[0], -1, 32)  # (R, B, 32)
+        high, low = b.amax(-1), b.amin(-1)  # (R, B)
+        share = torch.minimum(high.clamp_min(0), (-low).clamp_min(0)) / (high - low)
+        one_signed += int((share == 0).sum())
+        i = int(share.argmin())
+        row, block = divmod(i, share.shape[1])
+        if best is None or float(share[row, block]) < best["minority_share"]:
+            best = {"tensor": name, "row": row, "block": block,
+                    "minority_share": float(share[row, block])}
+    return {"blocks_of_one_sign": one_signed, "most_lopsided": best}
 
 
 def main() -> None:
@@ -98,6 +141,8 @@ def main() -> None:
     results = {"float32": {"bytes": sum(stored_bytes(tuple(p.shape), "float32")
                                         for p in model.parameters())}}
     results["float32"]["loss"] = window_losses(model, tqdm(windows, desc="float32"))
+    lopsided = most_lopsided(shipped)
+    print(f"most lopsided block: {lopsided}")
     for fmt in FORMATS:
         errors = {}
         for name, p in matrices.items():
@@ -111,7 +156,26 @@ def main() -> None:
         }
         for name, p in matrices.items():
             p.data.copy_(original[name])
-    n_weights = sum(p.numel() for p in model.parameters())
+
+    # Q4_1 as a first rounding, estimated: a second dose on the file's Q4_1 matrices
+    q4_1 = {to_tfbook[g] for g, (kind, _) in shipped.items() if kind == "Q4_1"}
+    for seed in DOSE_SEEDS:
+        for name, p in matrices.items():
+            p.data.copy_(second_dose(original[name], seed) if name in q4_1
+                         else round_trip(original[name], "Q4_1"))
+        results[f"Q4_1, second dose (seed {seed})"] = {
+            "bytes": results["Q4_1"]["bytes"],
+            "loss": window_losses(model, tqdm(windows, desc=f"Q4_1 second dose {seed}")),
+        }
+        for name, p in matrices.items():
+            p.data.copy_(original[name])
+
+    # W8A8: the int8 row's weights, and every product's input rounded to int8 too
+    int8_model = quantise_linears(model)  # every nn.Linear -> Int8Linear, in place
+    int8_model.tok_emb.weight.data = round_trip(original["tok_emb.weight"], "int8 per channel")
+    results[W8A8] = {"bytes": results["int8 per channel"]["bytes"],
+                     "loss": window_losses(int8_model, tqdm(windows, desc=W8A8))}
+    n_weights = sum(p.numel() for p in matrices.values()) + sum(p.numel() for p in vectors)
     out = {
         "description": "SmolLM2-135M-Instruct's weights (the shipped GGUF, dequantised) "
                        "re-quantised in each format; written by scripts/quantize_sweep.py",
@@ -119,7 +183,9 @@ def main() -> None:
                      "last_bytes": HELD_OUT_BYTES, "windows": N_WINDOWS, "T": T},
         "n_weights": n_weights,
         "shipped": {"bytes": shipped_bytes, "file_bytes": smollm2_gguf_path().stat().st_size,
-                    "blocks_equal_when_requantised": same_blocks, "blocks": all_blocks},
+                    "blocks_equal_when_requantised": same_blocks, "blocks": all_blocks,
+                    **lopsided},
+        "dose_seeds": list(DOSE_SEEDS),
         "formats": results,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -129,7 +195,7 @@ def main() -> None:
     for fmt, r in results.items():
         loss = sum(r["loss"]) / len(r["loss"])
         print(f"{fmt:18s} {8 * r['bytes'] / n_weights:6.3f} bits/weight  loss {loss:.4f}")
-    print(f"wrote {OUT.relative_to(ROOT)} in {out['seconds']:.0f} s")
+    print(f"wrote {OUT} in {out['seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -15,16 +15,24 @@ from tfbook.checkpoints.smollm2 import smollm2_gguf_path
 from tfbook.quantize import (
     BLOCK_BYTES,
     GGUF_FORMATS,
+    Int8Linear,
     _round_half_away,
     bits_per_weight,
     gguf_dequantise,
     gguf_matmul,
     gguf_quantise,
     int8_dequantise,
+    int8_linear,
     int8_matmul,
     int8_per_channel,
+    int8_rows,
     quantise,
+    quantise_linears,
     read_gguf_blocks,
+    relative_error,
+    round_trip,
+    rounding_bound,
+    stored_bytes,
 )
 
 
@@ -101,6 +109,16 @@ def test_a_zero_block_stays_zero() -> None:
     ((torch.zeros(2, 64), 8, 0), ValueError, "divides the row length 64, got 0"),
     ((torch.zeros(2, 64), 8, 32, "nf4"), ValueError, "scheme must be one of"),
     ((torch.zeros(2, 64), 8, 32, "absmax", torch.bfloat16), ValueError, "scale_dtype"),
+    ((torch.zeros(2, 64), 8, 32, "absmax", "float16"), ValueError, "scale_dtype"),
+    ((torch.zeros(2, 64), 8, 32.0), ValueError, "divides the row length 64, got 32.0"),
+    ((torch.zeros(2, 64), True), ValueError, "bits must be an int from 2 to 8, got True"),
+    ((torch.zeros(2, 0), 8), ValueError, "divides the row length 0"),
+    # float16 scales that overflow, and steps whose float32 reciprocal overflows
+    ((torch.full((1, 32), 1e7), 8, 32, "absmax", torch.float16), ValueError,
+     "8-bit absmax block 0 needs a float16 scale of 7.874e\\+04, beyond float16's largest"),
+    ((torch.tensor([[-7e4, 0.0]]), 4, None, "zero_point", torch.float16), ValueError,
+     "float16 minimum of -7e\\+04"),
+    ((torch.full((1, 32), 1e-39), 8), ValueError, "below float32's normal range"),
 ])
 def test_bad_input_is_a_clear_error(args: tuple, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
@@ -283,6 +301,8 @@ def test_gguf_matmul_is_the_dequantised_product(kind: str) -> None:
     ((torch.tensor([[-7e4] + [0.0] * 31]), "Q4_1"), ValueError, "float16 minimum of -7e\\+04"),
     ((torch.tensor([[-3e38] + [3e38] * 31]), "Q4_1"), ValueError, "float16 scale of inf"),
     ((torch.full((1, 32), 1e-38), "Q8_0"), ValueError, "below float32's normal range"),
+    ((torch.zeros(2, 32, dtype=torch.complex64), "Q8_0"), TypeError, "got torch.complex64"),
+    ((torch.zeros(2, 32), None), ValueError, "kind must be one of"),
 ])
 def test_gguf_bad_input_is_a_clear_error(args: tuple, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
@@ -350,6 +370,32 @@ def test_int8_matmul_equals_the_exact_integer_product() -> None:
     (int8_matmul, (torch.zeros(2, 8), torch.zeros(2, 4, dtype=torch.int8), torch.ones(2)),
      ValueError, "x has 8 columns, the weight 4"),
     (int8_per_channel, (torch.zeros(4),), TypeError, "2-D float tensor"),
+    (int8_per_channel, ([[1.0]],), TypeError, "got list"),
+    (int8_per_channel, (torch.tensor([[float("nan"), 1.0]]),), ValueError, "NaN or infinite"),
+    (int8_dequantise, (torch.zeros(2, 4, dtype=torch.int8), torch.tensor([1.0, float("nan")])),
+     ValueError, "scale holds NaN or infinite"),
+    (int8_dequantise, (torch.zeros(2, 4, dtype=torch.int8), torch.ones(2, dtype=torch.int64)),
+     ValueError, "float tensor of shape \\(2,\\).*got torch.int64"),
+    (int8_dequantise, (torch.zeros(2, 4, dtype=torch.int8), [1.0, 1.0]), ValueError, "got list"),
+    (int8_matmul, (torch.zeros(3, 4, dtype=torch.int64), torch.zeros(2, 4, dtype=torch.int8),
+                   torch.ones(2)), TypeError, r"2-D float tensor \(T, K\), got torch.int64"),
+    (int8_matmul, (torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.int8), torch.ones(2)),
+     TypeError, r"got torch.float32 \(2, 3, 4\)"),
+    (int8_matmul, (torch.zeros(1, 4), torch.zeros(2, 4, dtype=torch.int8),
+                   torch.tensor([1.0, float("inf")])), ValueError, "scale holds NaN or infinite"),
+    (int8_rows, ([[1.0]],), TypeError, "2-D float tensor"),
+    (int8_rows, (torch.zeros(2, 3, dtype=torch.int32),), TypeError, "got torch.int32"),
+    (int8_rows, (torch.tensor([[1.0, 2.0], [float("-inf"), 0.0]]),), ValueError,
+     r"NaN or infinite values \(row 1 of 2\)"),
+    (int8_linear, ([[1.0] * 4], torch.zeros(2, 4, dtype=torch.int8), torch.ones(2)), TypeError,
+     r"float tensor \(..., C\), got list"),
+    (int8_linear, (torch.tensor(1.0), torch.zeros(2, 4, dtype=torch.int8), torch.ones(2)),
+     TypeError, r"got torch.float32 \(\)"),
+    (int8_linear, (torch.zeros(3, 4), torch.zeros(2, 4, dtype=torch.int8), torch.ones(2),
+                   torch.zeros(5)), ValueError, r"one number per row of the codes, shape \(2,\), "
+                                                r"got \(5,\)"),
+    (int8_linear, (torch.zeros(3, 4), torch.zeros(2, 4, dtype=torch.int8), torch.ones(2),
+                   [0.0, 0.0]), TypeError, "bias must be None or a float tensor"),
 ])
 def test_int8_bad_input(fn, args: tuple, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
@@ -401,3 +447,211 @@ def test_rounding_bound_holds(kind: str, name: str) -> None:
     x = w.float().reshape(-1, 32)
     error = (gguf_dequantise(gguf_quantise(w, kind), kind).reshape(-1, 32) - x).abs()
     assert bool((error <= rounding_bound(w, kind)).all())
+
+
+# --- signed zeros, equal weights, tiny and huge ones: which reference, byte for byte -------
+
+
+def q4_1_c_reference(blocks: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_q4_1_ref (ggml-quants.c) transcribed, in float32 scalars: the
+    minimum and maximum by strict comparisons in order, so the first of tied weights wins
+    (+0 and -0 compare equal)."""
+    out = []
+    for block in blocks.astype(np.float32):
+        low, high = np.float32(np.finfo(np.float32).max), np.float32(-np.finfo(np.float32).max)
+        for v in block:
+            if v < low:
+                low = v
+            if v > high:
+                high = v
+        d = (high - low) / np.float32(15)
+        inverse = np.float32(1) / d if d != 0 else np.float32(0)
+        codes = [min(15, int(np.float32((v - low) * inverse) + np.float32(0.5))) for v in block]
+        qs = [codes[j] | (codes[j + 16] << 4) for j in range(16)]
+        head = np.array([d, low], dtype=np.float16).view(np.uint8)
+        out.append(np.concatenate([head, np.array(qs, dtype=np.uint8)]))
+    return np.stack(out)
+
+
+def signed_zero_blocks() -> dict[str, np.ndarray]:
+    """(N, 32) float32 blocks where +0 and -0 meet: alone, as a block's minimum, as its
+    maximum; blocks of one repeated value; tiny and huge values beside zeros."""
+    g = np.random.default_rng(7)
+    zero, minus = np.float32(0.0), np.float32(-0.0)
+
+    def sprinkle(base: np.ndarray, share: float) -> np.ndarray:
+        where = g.random(base.shape) < share
+        signs = np.where(g.random(base.shape) < 0.5, minus, zero)
+        return np.where(where, signs, base).astype(np.float32)
+
+    mixes = np.where(g.random((64, 32)) < 0.5, minus, zero).astype(np.float32)
+    mixes[0], mixes[1] = zero, minus  # all +0, all -0
+    mixes[2, 0], mixes[3, 31] = minus, minus  # one -0 first, one -0 last
+    return {
+        "+0/-0 mixes": mixes,
+        "positive with zeros (zero is the minimum)": sprinkle(g.random((64, 32)), 0.2),
+        "negative with zeros (zero is the maximum)": sprinkle(-g.random((64, 32)), 0.2),
+        "all equal": np.repeat(np.array([[0.3], [-7.25], [1e-30], [-1e4], [0.0], [-0.0],
+                                         [6e4]], np.float32), 32, axis=1),
+        "tiny with zeros": sprinkle(1e-30 * g.standard_normal((32, 32)), 0.3),
+        "huge with zeros": sprinkle(1e4 * g.standard_normal((32, 32)), 0.3),
+        "float16-subnormal scales with zeros": sprinkle(1e-6 * g.standard_normal((32, 32)), 0.3),
+    }
+
+
+def has_zero_tie(blocks: np.ndarray) -> np.ndarray:
+    """Blocks whose minimum or maximum is zero held both as +0 and as -0."""
+    zero = blocks == 0
+    both = (zero & np.signbit(blocks)).any(1) & (zero & ~np.signbit(blocks)).any(1)
+    return both & ((blocks.min(1) == 0) | (blocks.max(1) == 0))
+
+
+@pytest.mark.parametrize("name", list(signed_zero_blocks()))
+@pytest.mark.parametrize("kind", GGUF_FORMATS)
+def test_signed_zeros_and_equal_weights(kind: str, name: str) -> None:
+    """Q8_0 and Q4_0 write gguf.quants' bytes. Q4_1 writes the C reference's bytes on every
+    block, gguf.quants' bytes wherever its numpy min/max cannot tie +0 with -0, and where they
+    can, bytes that differ at most in the sign bit of a zero m or d (numpy's pick there
+    depends on its SIMD kernels). The weights read back are gguf's everywhere."""
+    blocks = signed_zero_blocks()[name]
+    ours = gguf_quantise(torch.from_numpy(blocks), kind).numpy()
+    theirs = quantize(blocks, GGMLQuantizationType[kind])
+    np.testing.assert_array_equal(gguf_dequantise(torch.from_numpy(ours), kind).numpy(),
+                                  dequantize(theirs, GGMLQuantizationType[kind]))
+    if kind != "Q4_1":
+        np.testing.assert_array_equal(ours, theirs)
+        return
+    np.testing.assert_array_equal(ours, q4_1_c_reference(blocks))
+    tie = has_zero_tie(blocks)
+    np.testing.assert_array_equal(ours[~tie], theirs[~tie])
+    differ = ours != theirs  # (N, 20): only the top bit of bytes 1 (d) and 3 (m)
+    assert not differ[:, [0, 2]].any() and not differ[:, 4:].any()
+    assert ((ours ^ theirs)[:, [1, 3]] & 0x7F == 0).all()
+    assert (np.abs(ours[:, 0:4].view(np.float16)[differ[:, [1, 3]]]) == 0).all()
+    if name == "+0/-0 mixes":
+        first = np.signbit(blocks[:, 0])  # all zero: m is the first weight, d = x0 - x0 = +0
+        np.testing.assert_array_equal(np.signbit(ours[:, 2:4].view(np.float16)[:, 0]), first)
+        assert not np.signbit(ours[:, 0:2].view(np.float16)).any()
+
+
+def test_int8_matmul_refuses_non_finite_input() -> None:
+    """A NaN or inf in one row used to round to codes 0 without a trace; now it is refused,
+    whichever row holds it, and the other rows are unaffected when it is absent."""
+    q, scale = int8_per_channel(weights(8, 64))
+    x = weights(5, 64, seed=9)
+    good = int8_matmul(x, q, scale)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for row in (0, 4):
+            y = x.clone()
+            y[row, 3] = bad
+            with pytest.raises(ValueError, match=f"NaN or infinite values \\(row {row} of 5\\)"):
+                int8_matmul(y, q, scale)
+            with pytest.raises(ValueError, match="NaN or infinite"):
+                Int8Linear(torch.nn.Linear(64, 8))(y[None])
+    assert torch.equal(int8_matmul(x, q, scale), good)
+    zeros = torch.zeros(2, 64)  # a row of zeros is fine: scale 1, codes 0, outputs 0
+    assert torch.equal(int8_matmul(zeros, q, scale), torch.zeros(2, 8))
+    assert int8_matmul(torch.zeros(0, 64), q, scale).shape == (0, 8)
+
+
+def test_int8_rows_is_int8_per_channel() -> None:
+    """int8_rows (the fast path of every product) rounds exactly as int8_per_channel."""
+    x = weights(9, 96, seed=11)
+    x[4] = 0.0
+    codes, scale = int8_rows(x)
+    want_codes, want_scale = int8_per_channel(x)
+    assert torch.equal(codes, want_codes) and torch.equal(scale, want_scale)
+
+
+def test_gguf_matmul_input() -> None:
+    """x of any float dtype (the weight is used in x's dtype); NaN or inf in x reach exactly
+    the outputs of their rows, as in x @ W^T (a defined result, not a silent one)."""
+    w = weights(24, 64)
+    blocks = gguf_quantise(w, "Q4_1")
+    W = gguf_dequantise(blocks, "Q4_1")
+    x = weights(4, 64, seed=5).double()
+    assert torch.equal(gguf_matmul(x, blocks, "Q4_1"), x @ W.double().T)
+    x = x.float()
+    x[2, 7] = float("nan")
+    y = gguf_matmul(x, blocks, "Q4_1")
+    assert bool(y[2].isnan().all()) and not bool(y[[0, 1, 3]].isnan().any())
+    assert gguf_matmul(x[0], blocks, "Q4_1").shape == (24,)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((torch.zeros(2, 64, dtype=torch.int64), torch.zeros(3, 40, dtype=torch.uint8), "Q4_1"),
+     TypeError, r"x must be a float tensor \(..., K\), got torch.int64"),
+    (([[0.0] * 64], torch.zeros(3, 36, dtype=torch.uint8), "Q4_0"), TypeError, "got list"),
+    ((torch.zeros(2, 32), torch.zeros(3, 36, dtype=torch.uint8), "Q4_0"), ValueError,
+     "x has 32 features in its last dimension, the Q4_0 weight 64 columns"),
+    ((torch.zeros(2, 32), torch.zeros(34, dtype=torch.uint8), "Q8_0"), TypeError,
+     r"blocks must be a 2-D uint8 tensor \(N, K // 32 \* 34\)"),
+    ((torch.zeros(2, 32), torch.zeros(2, 3, 34, dtype=torch.uint8), "Q8_0"), TypeError, "2-D"),
+    ((torch.zeros(2, 32), torch.zeros(3, 34), "Q8_0"), TypeError, "uint8 tensor of Q8_0 bytes"),
+    ((torch.zeros(2, 32), torch.zeros(3, 30, dtype=torch.uint8), "Q8_0"), ValueError,
+     "multiple of 34"),
+    ((torch.zeros(2, 32), torch.zeros(3, 34, dtype=torch.uint8), "Q2_K"), ValueError,
+     "kind must be one of"),
+])
+def test_gguf_matmul_bad_input(args: tuple, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        gguf_matmul(*args)
+
+
+@pytest.mark.parametrize("fn, args, error, message", [
+    (round_trip, (torch.zeros(32), "Q8_0"), TypeError, r"2-D float tensor \(R, K\)"),
+    (round_trip, (torch.zeros(2, 48), "Q4_1"), ValueError, "multiple of 32"),
+    (round_trip, (torch.zeros(2, 32), "Q5"), ValueError, "fmt must be one of"),
+    (round_trip, (torch.zeros(2, 32, dtype=torch.int8), "int8 per channel"), TypeError,
+     "2-D float tensor"),
+    (round_trip, (torch.tensor([[float("nan")] * 32]), "Q4_0"), ValueError, "NaN or infinite"),
+    (stored_bytes, ([2, 32], "Q8_0"), TypeError, r"tuple of ints, got \[2, 32\]"),
+    (stored_bytes, ((2.0, 32), "Q8_0"), TypeError, "tuple of ints"),
+    (stored_bytes, ((2, -32), "Q8_0"), ValueError, "sizes cannot be negative"),
+    (stored_bytes, ((2, 33), "Q4_0"), ValueError, "multiple of 32, got shape \\(2, 33\\)"),
+    (stored_bytes, ((2, 32), "fp8"), ValueError, "fmt must be one of"),
+    (relative_error, ([1.0], [1.0]), TypeError, "w must be a float tensor, got list"),
+    (relative_error, (torch.ones(3), torch.ones(3, dtype=torch.int64)), TypeError,
+     "w_hat must be a float tensor, got torch.int64"),
+    (relative_error, (torch.ones(2, 3), torch.ones(3)), ValueError, "one shape"),
+    (relative_error, (torch.zeros(4), torch.ones(4)), ValueError, "all zeros"),
+    (relative_error, (torch.ones(2), torch.tensor([1.0, float("inf")])), ValueError,
+     "NaN or infinite"),
+    (rounding_bound, (torch.zeros(2, 40), "Q8_0"), ValueError, "multiple of 32"),
+    (rounding_bound, (torch.zeros(2, 32), "q8_0"), ValueError, "kind must be one of"),
+    (rounding_bound, (torch.tensor([[float("inf")] * 32]), "Q4_1"), ValueError, "NaN or inf"),
+    (bits_per_weight, ("Q6_K",), ValueError, "kind must be one of"),
+    (quantise_linears, ("model",), TypeError, "needs an nn.Module, got str"),
+    (Int8Linear, (torch.nn.Conv1d(2, 2, 1),), TypeError, "built from an nn.Linear, got Conv1d"),
+])
+def test_bad_input_to_the_other_functions(fn, args: tuple, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        fn(*args)
+
+
+def test_int8_linear_layer_bad_input() -> None:
+    layer = Int8Linear(torch.nn.Linear(4, 3))
+    with pytest.raises(TypeError, match=r"float tensor \(..., 4\), got list"):
+        layer([1.0] * 4)
+    with pytest.raises(ValueError, match=r"expected x \(..., 4\), got \(2, 5\)"):
+        layer(torch.zeros(2, 5))
+    with pytest.raises(TypeError, match="got torch.int64"):
+        layer(torch.zeros(2, 4, dtype=torch.int64))
+    nan_weights = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        nan_weights.weight[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        Int8Linear(nan_weights)
+
+
+def test_read_gguf_blocks_bad_arguments() -> None:
+    path = smollm2_gguf_path()
+    with pytest.raises(TypeError, match=r"list of tensor names \(for one name: \[name\]\), "
+                                        "got str 'token_embd.weight'"):
+        read_gguf_blocks(path, "token_embd.weight")
+    with pytest.raises(TypeError, match=r"tensor names \(str\), got \[3\]"):
+        read_gguf_blocks(path, [3])
+    with pytest.raises(TypeError, match="path must be a str or Path"):
+        read_gguf_blocks(3, ["token_embd.weight"])
+    with pytest.raises(FileNotFoundError, match="no GGUF file at /nonexistent.gguf"):
+        read_gguf_blocks("/nonexistent.gguf", ["token_embd.weight"])

@@ -99,6 +99,8 @@ def quantise(w: Tensor, bits: int, block: int | None = None, scheme: str = "absm
         inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
         q = torch.trunc((x - low) * inverse + 0.5).clamp(0, top)  # round half up, as llama.cpp
         m = low
+    _check_scales(f"{bits}-bit {scheme}", d, *(() if scheme == "absmax" else (m,)),
+                  dtype=scale_dtype)
     stored_d, stored_m = d.to(scale_dtype).float(), m.to(scale_dtype).float()
     values = (stored_d * q + stored_m).reshape(R, K)  # (R, K)
     extra = torch.finfo(scale_dtype).bits * (1 if scheme == "absmax" else 2)
@@ -151,17 +153,19 @@ def _as_blocks(w: Tensor, kind: str) -> Tensor:
     return w.detach().to("cpu", torch.float32).reshape(-1, BLOCK)  # (N, 32)
 
 
-def _check_scales(kind: str, d: Tensor, *stored: Tensor) -> None:
-    """Refuse blocks whose float16 numbers would overflow to inf, or whose scale is so small
-    (below float32's normal range) that its reciprocal overflows: for these gguf's output
-    holds inf or is undefined, and no stored block can mean the weights."""
+def _check_scales(kind: str, d: Tensor, *stored: Tensor,
+                  dtype: torch.dtype = torch.float16) -> None:
+    """Refuse blocks whose stored numbers (float16 in GGUF) would overflow to inf, or whose
+    scale is so small (below float32's normal range) that its reciprocal overflows: for these
+    gguf's output holds inf or is undefined, and no stored block can mean the weights."""
     for name, x in (("scale", d),) + tuple(("minimum", m) for m in stored):
-        big = torch.isinf(x.to(torch.float16))  # beyond 65,504 (and its rounding range)
+        big = torch.isinf(x.to(dtype))  # float16: beyond 65,504 (and its rounding range)
         if bool(big.any()):
             i = int(big.flatten().nonzero()[0])
-            raise ValueError(f"{kind} block {i} needs a float16 {name} of "
-                             f"{float(x.flatten()[i]):.4g}, beyond float16's largest "
-                             f"{FLOAT16_MAX:g}: the weights are too large for this format")
+            largest = torch.finfo(dtype).max
+            raise ValueError(f"{kind} block {i} needs a {str(dtype)[6:]} {name} of "
+                             f"{float(x.flatten()[i]):.4g}, beyond {str(dtype)[6:]}'s largest "
+                             f"{largest:g}: the weights are too large for this format")
     tiny = (d != 0) & torch.isinf(1 / d)
     if bool(tiny.any()):
         i = int(tiny.flatten().nonzero()[0])
@@ -202,6 +206,13 @@ def gguf_quantise(w: Tensor, kind: str) -> Tensor:
             bytes: d, m, then 16 bytes of two 4-bit codes
     d and m are stored as float16; "/ d" is a product with the float32
     1 / d (0 if d = 0).
+
+    The reference is gguf.quants (gguf 0.19), byte for byte, with one exception it cannot
+    define: when +0 and -0 tie for Q4_1's minimum (or maximum), numpy's min picks one by
+    its SIMD kernels (AVX-512, AVX2 and SSE gave three different answers), so we take
+    ggml's C reference rule (quantize_row_q4_1_ref: strict comparisons in order, the first
+    of the tied weights wins). Only the sign bit of a zero m (or d) can differ; the weights
+    read back are equal.
     """
     x = _as_blocks(w, kind)  # (N, 32)
     if kind == "Q8_0":
@@ -217,8 +228,9 @@ def gguf_quantise(w: Tensor, kind: str) -> Tensor:
         q = torch.trunc(x * _reciprocal(d) + 8.5).clamp(0, 15)  # (N, 32)
         blocks = torch.cat([_f16_bytes(d), _pack_nibbles(q)], dim=-1)
     else:  # Q4_1
-        low = x.amin(dim=-1, keepdim=True)  # (N, 1)
-        high = x.amax(dim=-1, keepdim=True)  # (N, 1)
+        # the first smallest and the first largest weight, with their signs: (N, 1)
+        low = x.gather(-1, x.argmin(dim=-1, keepdim=True))
+        high = x.gather(-1, x.argmax(dim=-1, keepdim=True))
         d = (high - low) / 15
         _check_scales(kind, d, low)
         q = torch.trunc((x - low) * _reciprocal(d) + 0.5).clamp(0, 15)  # (N,32)
@@ -253,8 +265,22 @@ def gguf_dequantise(blocks: Tensor, kind: str) -> Tensor:
 
 def gguf_matmul(x: Tensor, blocks: Tensor, kind: str) -> Tensor:
     """x @ W^T for a weight W (N, K) stored as GGUF blocks (N, K // 32 * bytes), by
-    dequantising W on the fly: (..., K) -> (..., N). Only the blocks stay in memory."""
-    return x @ gguf_dequantise(blocks, kind).T  # (..., K) @ (K, N) -> (..., N)
+    dequantising W on the fly: (..., K) -> (..., N) in x's float dtype. Only the blocks stay
+    in memory. NaN or inf in x reach the outputs they touch, as in x @ W^T."""
+    _check_kind(kind)
+    if not isinstance(blocks, Tensor) or blocks.dim() != 2:
+        raise TypeError(f"blocks must be a 2-D uint8 tensor (N, K // 32 * "
+                        f"{BLOCK_BYTES[kind]}), one row of the weight a row, got "
+                        f"{getattr(blocks, 'shape', type(blocks).__name__)}")
+    W = gguf_dequantise(blocks, kind)  # (N, K) float32; checks the bytes
+    if not isinstance(x, Tensor) or x.dim() == 0 or not x.is_floating_point():
+        raise TypeError(f"x must be a float tensor (..., K), got "
+                        f"{getattr(x, 'dtype', type(x).__name__)} "
+                        f"{tuple(getattr(x, 'shape', ()))}")
+    if x.shape[-1] != W.shape[1]:
+        raise ValueError(f"x has {x.shape[-1]} features in its last dimension, the {kind} "
+                         f"weight {W.shape[1]} columns: expected equal")
+    return x @ W.to(x.dtype).T  # (..., K) @ (K, N) -> (..., N)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +308,9 @@ def _check_int8(q: object, scale: object) -> None:
         raise ValueError(f"scale must be a float tensor of shape ({q.shape[0]},), one per row "
                          f"of q, got {getattr(scale, 'dtype', type(scale).__name__)} "
                          f"{tuple(getattr(scale, 'shape', ()))}")
+    if not bool(torch.isfinite(scale).all()):
+        raise ValueError("scale holds NaN or infinite values: a row's weights would be "
+                         "NaN or infinite")
 
 
 def int8_dequantise(q: Tensor, scale: Tensor) -> Tensor:
@@ -291,14 +320,23 @@ def int8_dequantise(q: Tensor, scale: Tensor) -> Tensor:
 
 
 def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """`int8_per_channel`'s rule for an input (T, K), without its checks: what `int8_matmul`
-    does to x at every call (a decode step makes a hundred such calls).
-    -> int8 codes (T, K), float32 scales (T,); a row of zeros gets scale 1 and codes 0."""
+    """`int8_per_channel`'s rule for an input (T, K), with few tensor operations: what
+    `int8_matmul` does to x at every call (a decode step makes a hundred such calls).
+    -> int8 codes (T, K), float32 scales (T,); a row of zeros gets scale 1 and codes 0.
+    A row holding NaN or inf is refused (rounded, it would become codes 0 without a trace)."""
+    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise TypeError(f"x must be a 2-D float tensor (T, K), got "
+                        f"{getattr(x, 'dtype', type(x).__name__)} "
+                        f"{tuple(getattr(x, 'shape', ()))}")
     x = x.float()
-    d = x.abs().amax(dim=-1, keepdim=True) / 127  # (T, 1)
-    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    q = _round_half_away(x * inverse).clamp(-127, 127).to(torch.int8)  # (T, K)
-    return q, torch.where(d > 0, d, torch.ones_like(d))[:, 0]
+    d = x.abs().amax(dim=-1, keepdim=True) / 127  # (T, 1); NaN or inf where x has them
+    if d.numel() and not math.isfinite(float(d.max())):  # one check for every row
+        t = int((~torch.isfinite(d[:, 0])).nonzero()[0])
+        raise ValueError(f"x holds NaN or infinite values (row {t} of {x.shape[0]}): int8 "
+                         "cannot round them")
+    d = torch.where(d > 0, d, 1.0)  # a row of zeros: scale 1 (its codes are 0 anyway)
+    q = _round_half_away(x * (1 / d)).clamp(-127, 127).to(torch.int8)  # (T, K)
+    return q, d[:, 0]
 
 
 def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
@@ -308,10 +346,12 @@ def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
     (absmax); torch._int_mm sums the int8 products exactly in int32; then
     y_tn = s_t * scale_n * sum_k qx_tk q_nk (T, N). The one error beyond the
     weights' is the rounding of x (LLM.int8's idea, without its outliers).
+    x with NaN or inf is refused: it has no int8 codes.
     """
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
         raise TypeError(f"x must be a 2-D float tensor (T, K), got "
-                        f"{getattr(x, 'shape', type(x).__name__)}")
+                        f"{getattr(x, 'dtype', type(x).__name__)} "
+                        f"{tuple(getattr(x, 'shape', ()))}")
     _check_int8(q, scale)
     if x.shape[1] != q.shape[1]:
         raise ValueError(f"x has {x.shape[1]} columns, the weight {q.shape[1]}: "
@@ -324,6 +364,18 @@ def int8_matmul(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
 def int8_linear(x: Tensor, codes: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
     """A linear layer in int8: x (..., C) -> x W^T + b (..., O) in x's dtype, with W given as
     int8 codes (O, C) and row scales (O,) (`int8_matmul` on the rows of x)."""
+    if not isinstance(x, Tensor) or x.dim() == 0 or not x.is_floating_point():
+        raise TypeError(f"x must be a float tensor (..., C), got "
+                        f"{getattr(x, 'dtype', type(x).__name__)} "
+                        f"{tuple(getattr(x, 'shape', ()))}")
+    if bias is not None:
+        if not isinstance(bias, Tensor) or not bias.is_floating_point():
+            raise TypeError(f"bias must be None or a float tensor (O,), got "
+                            f"{getattr(bias, 'dtype', type(bias).__name__)}")
+        rows = tuple(getattr(codes, "shape", (None,)))[:1]
+        if tuple(bias.shape) != rows:
+            raise ValueError(f"bias must have one number per row of the codes, shape {rows}, "
+                             f"got {tuple(bias.shape)}")
     y = int8_matmul(x.reshape(-1, x.size(-1)), codes, scale)  # (N, O)
     if bias is not None:
         y = y + bias
@@ -348,6 +400,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., C) -> (..., O) in x's dtype."""
+        if not isinstance(x, Tensor) or x.dim() == 0:
+            raise TypeError(f"x must be a float tensor (..., {self.in_features}), got "
+                            f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))}")
         if x.size(-1) != self.in_features:
             raise ValueError(f"expected x (..., {self.in_features}), got {tuple(x.shape)}")
         return int8_linear(x, self.codes, self.scale, self.bias)
@@ -382,7 +437,16 @@ def _gguf_tensors(path: str) -> dict:
 def read_gguf_blocks(path: str | Path, names: Iterable[str]) -> dict[str, tuple[str, Tensor]]:
     """Tensors of a GGUF file as they are stored, undecoded: name -> (kind, bytes), where
     bytes is a uint8 tensor (out, in // 32 * BLOCK_BYTES[kind]) for the formats above."""
+    if not isinstance(path, str | Path):
+        raise TypeError(f"path must be a str or Path of a GGUF file, got {type(path).__name__}")
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+        raise TypeError(f"names must be a list of tensor names (for one name: [name]), got "
+                        f"{type(names).__name__} {names!r:.60}")
     names = list(names)
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(f"names must be tensor names (str), got {names!r:.80}")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
     stored = _gguf_tensors(str(Path(path).resolve()))
     missing = [name for name in names if name not in stored]
     if missing:
@@ -410,6 +474,9 @@ FORMATS = ("Q8_0", "int8 per channel", "Q4_1", "Q4_0")
 def round_trip(w: Tensor, fmt: str) -> Tensor:
     """The weights a matrix (R, K) holds after storing it in `fmt` (one of FORMATS) and
     reading it back: float32 (R, K)."""
+    if not isinstance(w, Tensor) or w.dim() != 2:
+        raise TypeError(f"w must be a 2-D float tensor (R, K), got "
+                        f"{getattr(w, 'shape', type(w).__name__)}")
     if fmt == "int8 per channel":
         return int8_dequantise(*int8_per_channel(w))
     if fmt not in FORMATS:
@@ -420,18 +487,38 @@ def round_trip(w: Tensor, fmt: str) -> Tensor:
 def stored_bytes(shape: tuple[int, ...], fmt: str) -> int:
     """Bytes a tensor of `shape` takes in `fmt` (FORMATS, or "float32"); a vector (norm
     gains) always stays float32."""
+    if (not isinstance(shape, tuple) or not shape
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape)):
+        raise TypeError(f"shape must be a non-empty tuple of ints, got {shape!r}")
+    if min(shape) < 0:
+        raise ValueError(f"sizes cannot be negative, got shape {shape}")
+    if fmt != "float32" and fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS} or 'float32', got {fmt!r}")
+    if fmt in GGUF_FORMATS and len(shape) > 1 and shape[-1] % BLOCK:
+        raise ValueError(f"{fmt} stores rows in blocks of {BLOCK}: the last size must be a "
+                         f"multiple of {BLOCK}, got shape {shape}")
     n = math.prod(shape)
     if fmt == "float32" or len(shape) == 1:
         return 4 * n
     if fmt == "int8 per channel":
         return n + 4 * math.prod(shape[:-1])  # a code a weight, a float32 scale a row
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt must be one of {FORMATS} or 'float32', got {fmt!r}")
     return n // BLOCK * BLOCK_BYTES[fmt]
 
 
 def relative_error(w: Tensor, w_hat: Tensor) -> float:
     """||w_hat - w|| / ||w|| (Frobenius norms, summed in float64)."""
+    for name, t in (("w", w), ("w_hat", w_hat)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+    if w.shape != w_hat.shape:
+        raise ValueError(f"w and w_hat must have one shape, got {tuple(w.shape)} and "
+                         f"{tuple(w_hat.shape)}")
+    if not (bool(torch.isfinite(w).all()) and bool(torch.isfinite(w_hat).all())):
+        raise ValueError("w or w_hat holds NaN or infinite values: no relative error")
+    if not bool(w.ne(0).any()):
+        raise ValueError("w is all zeros (or empty): an error relative to ||w|| = 0 has no "
+                         "meaning")
     w, w_hat = w.double(), w_hat.double()
     return float(torch.linalg.vector_norm(w_hat - w) / torch.linalg.vector_norm(w))
 
