@@ -26,6 +26,8 @@ from tfbook.attention import scaled_dot_product_attention
 from tfbook.flash import (
     FlashAttention,
     flash_attention,
+    flash_backward,
+    flash_forward,
     online_softmax,
     online_softmax_steps,
     online_softmax_update,
@@ -316,8 +318,129 @@ def test_refuses_bad_inputs_with_clear_messages():
         FlashAttention.apply(q[0], k, v)
     with pytest.raises(TypeError, match="block must be a positive int"):
         online_softmax(torch.randn(4), 2.5)
-    with pytest.raises(ValueError, match="floating tensor"):
+    with pytest.raises(TypeError, match=r"online_softmax expects a floating-point tensor .*int64"):
         online_softmax(torch.arange(4), 2)
+
+
+def test_head_size_zero_is_refused_before_torch_sees_it():
+    """1 / sqrt(D) with D = 0 would divide by zero inside the kernel; v with Dv = 0 is a slip."""
+    q, k, v, _ = inputs(1, 2, 2, 5, 6, 8, torch.float32)
+    message = r"head sizes D .* and Dv .* must be at least 1, got q \(1, 2, 5, 0\)"
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q[..., :0], k[..., :0], v[..., :0])
+    with pytest.raises(ValueError, match=message):
+        FlashAttention.apply(q[..., :0], k[..., :0], v[..., :0], False)
+    with pytest.raises(ValueError, match=r"must be at least 1, got q \(1, 2, 5, 8\), "
+                                         r"v \(1, 2, 6, 0\)"):
+        flash_attention(q, k, v[..., :0])
+    q5, k5, v5 = q[:, :, None, :, :0], k[:, :, None, :, :0], v[:, :, None, :, :0]
+    with pytest.raises(ValueError, match="must be at least 1"):
+        flash_forward(q5, k5, v5, None, False, 4, 4)
+
+
+def test_tile_map_and_tile_status_refuse_bad_sizes():
+    with pytest.raises(ValueError, match="T must be an int >= 0, got -3"):
+        tile_map(-3, 5, 2, 2, causal=True)
+    with pytest.raises(ValueError, match="S must be an int >= 0, got -1"):
+        tile_map(3, -1, 2, 2, causal=False)
+    with pytest.raises(TypeError, match="T must be an int >= 0, got float 3.0"):
+        tile_map(3.0, 5, 2, 2, causal=True)
+    with pytest.raises(TypeError, match="S must be an int >= 0, got bool True"):
+        tile_map(3, True, 2, 2, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool, got str 'yes'"):
+        tile_map(3, 5, 2, 2, causal="yes")
+    with pytest.raises(ValueError, match="block_k must be a positive int, got -2"):
+        tile_map(3, 5, 2, -2, causal=True)
+    assert tile_map(0, 5, 2, 2, causal=True) == []  # no queries: no tiles
+    with pytest.raises(ValueError, match=r"inside the \(T, S\) grid.*queries \[3, 1\)"):
+        tile_status(3, 1, 0, 2, 4, 4, causal=True)
+    with pytest.raises(ValueError, match=r"keys \[0, 5\), T=4, S=4"):
+        tile_status(0, 2, 0, 5, 4, 4, causal=True)
+    with pytest.raises(ValueError, match="i0 must be an int >= 0, got -1"):
+        tile_status(-1, 2, 0, 2, 4, 4, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool, got int 1"):
+        tile_status(0, 2, 0, 2, 4, 4, causal=1)
+
+
+def test_flash_attention_refuses_wrong_types_and_devices():
+    q, k, v, _ = inputs(1, 2, 2, 5, 6, 8, torch.float32)
+    with pytest.raises(TypeError, match=r"expects q to be a torch.Tensor .*got list"):
+        flash_attention([[1.0]], k, v)
+    with pytest.raises(TypeError, match="causal must be a bool, got int 1"):
+        flash_attention(q, k, v, causal=1)  # the name the caller used, not is_causal
+    with pytest.raises(TypeError, match="causal must be a bool, got NoneType"):
+        flash_attention(q, k, v, causal=None)
+    with pytest.raises(ValueError, match=r"must be on one device, got q cpu, k meta, v cpu"):
+        flash_attention(q, k.to("meta"), v)
+    with pytest.raises(ValueError, match="mask must be on q's device cpu, got meta"):
+        flash_attention(q, k, v, mask=torch.ones(5, 6, dtype=torch.bool, device="meta"))
+    with pytest.raises(TypeError, match=r"must share one dtype, got q torch.float32, "
+                                        r"k torch.float32, v torch.float64"):
+        flash_attention(q, k, v.double())
+
+
+def test_the_grouped_kernels_refuse_a_wrong_layout():
+    """flash_forward and flash_backward are public: they check the 5-d layout they assume."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 3, 7, 4, generator=g)  # (N, H_kv, n_rep, T, D)
+    k, v = torch.randn(2, 1, 2, 1, 9, 4, generator=g).unbind(0)  # (N, H_kv, 1, S, D)
+    out, lse = flash_forward(q, k, v, None, True, 4, 4)
+    grad_out = torch.randn(out.shape, generator=g)
+    with pytest.raises(ValueError,
+                       match=r"expects q \(N, H_kv, n_rep, T, D\).*got q \(2, 3, 7, 4\)"):
+        flash_forward(q[0], k, v, None, True, 4, 4)
+    with pytest.raises(ValueError, match=r"k \(N, H_kv, 1, S, D\).*k \(1, 2, 3, 9, 4\)"):
+        flash_forward(q, k.expand(1, 2, 3, 9, 4), v, None, True, 4, 4)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_forward(q, k, v, None, "yes", 4, 4)
+    with pytest.raises(TypeError, match="block_q must be a positive int, got float"):
+        flash_forward(q, k, v, None, True, 4.0, 4)
+    with pytest.raises(TypeError, match="mask None or a boolean tensor"):
+        flash_forward(q, k, v, torch.ones(1, 2, 3, 7, 9), True, 4, 4)
+    with pytest.raises(ValueError, match=r"mask of shape \(N, H_kv, n_rep, T, S\) = "
+                                         r"\(1, 2, 3, 7, 9\)"):
+        flash_forward(q, k, v, torch.ones(7, 9, dtype=torch.bool), True, 4, 4)
+    with pytest.raises(ValueError, match=r"expects lse of shape \(1, 2, 3, 7\), got \(1, 2, 3\)"):
+        flash_backward(grad_out, q, k, v, out, lse[..., 0], None, True, 4, 4)
+    with pytest.raises(ValueError, match=r"expects grad_out of shape \(1, 2, 3, 7, 4\)"):
+        flash_backward(grad_out[..., :3], q, k, v, out, lse, None, True, 4, 4)
+    with pytest.raises(TypeError, match=r"must share one dtype, got .*lse torch.float64"):
+        flash_backward(grad_out, q, k, v, out, lse.double(), None, True, 4, 4)
+
+
+def test_online_softmax_update_refuses_mismatched_running_values():
+    m, denom = torch.full((3,), -math.inf), torch.zeros(3)
+    with pytest.raises(ValueError, match=r"m \(3,\), denom \(2,\), scores \(3, 4\)"):
+        online_softmax_update(m, denom[:2], torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"with n >= 1, got .*scores \(3, 0\)"):
+        online_softmax_update(m, denom, torch.randn(3, 0))
+    with pytest.raises(TypeError, match="one dtype, got m torch.float64, denom torch.float32"):
+        online_softmax_update(m.double(), denom, torch.randn(3, 4))
+    with pytest.raises(TypeError, match=r"floating-point tensors, got scores .*int64"):
+        online_softmax_update(m, denom, torch.arange(12).view(3, 4))
+    with pytest.raises(TypeError, match="floating-point tensors, got m float"):
+        online_softmax_update(0.0, denom, torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"n >= 1, got tensor of shape \(3, 0\)"):
+        online_softmax_steps(torch.randn(3, 0), 2)  # refused at the call, not at the first step
+    with pytest.raises(ValueError, match=r"n >= 1, got tensor of shape \(\)"):
+        online_softmax(torch.tensor(1.0), 2)
+    with pytest.raises(TypeError, match="floating-point tensor .*got list"):
+        online_softmax_steps([1.0, 2.0], 2)
+
+
+def test_nan_inputs_reach_the_outputs_that_depend_on_them():
+    """Not refused, but never hidden: as in torch, a NaN makes NaN of what depends on it."""
+    q, k, v, _ = inputs(1, 1, 1, 6, 6, 4, torch.float64)
+    q, k, v = (t.detach().clone() for t in (q, k, v))
+    q[0, 0, 2, 0] = math.nan  # query 2
+    out = flash_attention(q, k, v, causal=True, block_q=2, block_k=2)
+    assert out[0, 0, 2].isnan().all() and not out[0, 0, [0, 1, 3, 4, 5]].isnan().any()
+    q[0, 0, 2, 0] = 0.0
+    v[0, 0, 3, 1] = math.nan  # key 3's value: seen by queries 3, 4, 5 under the causal mask
+    out = flash_attention(q, k, v, causal=True, block_q=2, block_k=2)
+    assert out[0, 0, 3:].isnan().any(-1).all()
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(out.isnan().any(-1)[0, 0, 3:], ref.isnan().any(-1)[0, 0, 3:])
 
 
 def test_non_contiguous_inputs_as_multi_head_attention_passes_them():
