@@ -402,7 +402,7 @@ def test_int8_bad_input(fn, args: tuple, error: type, message: str) -> None:
         fn(*args)
 
 
-# --- re-quantising, and the drawing of a block ----------------------------------------------
+# --- re-quantising ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", GGUF_FORMATS)
@@ -415,26 +415,6 @@ def test_quantised_weights_are_a_fixed_point(kind: str) -> None:
     once = gguf_quantise(flat, kind)
     again = gguf_quantise(gguf_dequantise(once, kind), kind)
     assert torch.equal(again, once) == (kind != "Q4_1")
-
-
-def test_q4_1_block_diagram_is_drawn_from_the_bytes(smollm2_blocks: dict) -> None:
-    from tfbook.diagrams.quantization import q4_1_block
-
-    kind, blocks = smollm2_blocks["blk.3.attn_q.weight"]
-    block = blocks[7, 40:60]  # row 7, block 2
-    labels = q4_1_block(block, "blk.3.attn_q.weight").shape_labels
-    raw = block.numpy()
-    assert [labels[f"byte.{i}"] for i in range(20)] == [f"{b:02x}" for b in raw]
-    assert [int(labels[f"lo.{i}"]) for i in range(16)] == (raw[4:] & 15).tolist()
-    assert [int(labels[f"hi.{i}"]) for i in range(16)] == (raw[4:] >> 4).tolist()
-    values = dequantize(raw[None], GGMLQuantizationType.Q4_1)[0]
-    assert labels["w.0"].endswith(f"= {values[0]:.6g}")
-    assert labels["d"].startswith(f"d = {float(raw[0:2].view('<f2')[0]):.6g} ")
-    other = blocks[7, 60:80]
-    assert q4_1_block(other).shape_labels != labels  # other bytes, another drawing
-    with pytest.raises(ValueError, match="20 uint8 bytes of one Q4_1 block, got torch.uint8 "
-                                         r"\(18,\)"):
-        q4_1_block(block[:18])
 
 
 @pytest.mark.parametrize("kind", GGUF_FORMATS)
