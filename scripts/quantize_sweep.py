@@ -21,7 +21,7 @@ Also: how many blocks of the shipped file come back byte for byte when their deq
 weights are quantised again in their own format, and the file's most lopsided block (the
 smallest share of a block's range on the side of zero its fewer weights lie). Deterministic
 apart from the float sums of the forward pass (about 20 minutes on 2 cores).
-Run: .venv/bin/python scripts/quantize_sweep.py
+Run: .venv/bin/python scripts/quantize_sweep.py   (--lopsided-only: just the lopsided block)
 """
 
 import json
@@ -61,6 +61,7 @@ T = 512  # tokens per window
 N_WINDOWS = 8
 W8A8 = "int8 weights and inputs"  # the row of int8_matmul's model
 DOSE_SEEDS = (0, 1)  # the second-dose estimate of Q4_1, one row per seed
+MIN_CODES = 12  # the most lopsided block is sought among blocks using this many Q4_1 codes
 
 
 def held_out_windows(tokenizer) -> torch.Tensor:
@@ -94,9 +95,11 @@ def second_dose(w: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def most_lopsided(shipped: dict) -> dict:
-    """The block of the file whose weights lie most on one side of zero: per block, the share
-    of its range max - min on the side where its fewer weights lie, min(max, -min) / range,
-    0 for a block of one sign."""
+    """How one-sided the file's blocks are. Per block, the share of its range max - min on
+    the side of zero where its fewer weights lie, min(max, -min) / range (0: one sign only).
+    Counted over every block; the most lopsided is sought among the Q4_1 blocks whose codes
+    take at least MIN_CODES of the 16 values (weights spread over the levels, not one outlier
+    and a crowd)."""
     best, one_signed = None, 0
     for name, (kind, blocks) in tqdm(shipped.items(), desc="lopsided blocks"):
         w = gguf_dequantise(blocks, kind)  # (R, K)
@@ -104,15 +107,37 @@ def most_lopsided(shipped: dict) -> dict:
         high, low = b.amax(-1), b.amin(-1)  # (R, B)
         share = torch.minimum(high.clamp_min(0), (-low).clamp_min(0)) / (high - low)
         one_signed += int((share == 0).sum())
+        if kind != "Q4_1":
+            continue
+        raw = blocks.reshape(*share.shape, BLOCK_BYTES[kind])  # (R, B, 20)
+        codes = torch.cat([raw[..., 4:] & 0x0F, raw[..., 4:] >> 4], dim=-1).long()  # (R, B, 32)
+        used = torch.zeros(*share.shape, 16, dtype=torch.bool).scatter_(-1, codes, True)
+        share = torch.where(used.sum(-1) >= MIN_CODES, share, torch.inf)
         i = int(share.argmin())
         row, block = divmod(i, share.shape[1])
         if best is None or float(share[row, block]) < best["minority_share"]:
             best = {"tensor": name, "row": row, "block": block,
-                    "minority_share": float(share[row, block])}
-    return {"blocks_of_one_sign": one_signed, "most_lopsided": best}
+                    "minority_share": float(share[row, block]),
+                    "codes_used": int(used[row, block].sum())}
+    return {"blocks_of_one_sign": one_signed, "most_lopsided": best,
+            "most_lopsided_min_codes": MIN_CODES}
+
+
+def lopsided_only() -> None:
+    """Recompute only the lopsided-block entries of the cached sweep (seconds, not minutes)."""
+    out = json.loads(OUT.read_text())
+    n_layers = 30  # SmolLM2-135M
+    names = sorted({g.format(i=i) for g in GGUF_TO_TFBOOK for i in range(n_layers)
+                    if "norm" not in g})  # the matrices (the norm gains are float32)
+    shipped = read_gguf_blocks(smollm2_gguf_path(), names)
+    out["shipped"].update(most_lopsided(shipped))
+    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    print(out["shipped"])
 
 
 def main() -> None:
+    if "--lopsided-only" in sys.argv[1:]:
+        return lopsided_only()
     torch.manual_seed(0)
     began = time.time()
     tokenizer = load_smollm2_tokenizer()
