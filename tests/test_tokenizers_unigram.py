@@ -9,12 +9,16 @@ from collections import Counter
 import numpy as np
 import pytest
 import sentencepiece as spm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tfbook.corpus import stdlib_corpus, stress_lines
 from tfbook.tokenizers import UnigramTokenizer
 from tfbook.tokenizers.unigram import (
+    DUMMY_PREFIXES,
     Lattice,
     digamma,
+    from_pieces_form,
     m_step_update,
     script_class,
     split_words,
@@ -51,11 +55,16 @@ def test_split_words_like_sentencepiece():
 
 
 @pytest.mark.parametrize("text", ["a\n\nb", "a\n \nb", " x", "", "\n", "a\r\nb", "\n\n a  \n"])
-def test_every_line_gets_one_space_in_front_and_loses_it_again(text):
-    form = to_pieces_form(text)
-    assert form.count("▁") == text.count(" ") + sum(1 for line in text.split("\n") if line)
-    tok = UnigramTokenizer([*SMALL, "\n", "\r", "x"], [*SMALL.values(), -3.0, -3.0, -3.0])
-    assert tok.decode(tok.encode(text)) == text
+def test_the_dummy_prefix_goes_in_front_of_the_text_or_every_line_and_comes_off_again(text):
+    assert to_pieces_form(text) == ("▁" if text else "") + text.replace(" ", "▁")
+    lines = to_pieces_form(text, dummy_prefix="line")
+    assert lines.count("▁") == text.count(" ") + sum(1 for line in text.split("\n") if line)
+    for mode in DUMMY_PREFIXES:
+        assert from_pieces_form(to_pieces_form(text, mode), mode) == text
+        tok = UnigramTokenizer([*SMALL, "\n", "\r", "x"], [*SMALL.values(), -3.0, -3.0, -3.0],
+                               dummy_prefix=mode)
+        assert tok.decode(tok.encode(text)) == text
+        assert tok.encode(text) == tok.viterbi(to_pieces_form(text, mode))[0]
     # combining marks follow their letter; Han, Hiragana and Katakana are one class
     assert split_words("nai\u0308ve, 日本語のテキスト αβγ") == [
         "▁nai\u0308ve", ",", "▁日本語のテキスト", "▁αβγ"]
@@ -170,6 +179,16 @@ def test_save_load_round_trip(trained, tmp_path):
     assert loaded.pieces == trained.pieces and loaded.scores == trained.scores
     text = stdlib_corpus(3_000)
     assert loaded.encode(text) == trained.encode(text)
+    assert loaded.dummy_prefix == "text"
+    per_line = UnigramTokenizer(trained.pieces, trained.scores, dummy_prefix="line")
+    per_line.save(path)
+    assert UnigramTokenizer.load(path).encode(text) == per_line.encode(text) != loaded.encode(text)
+    data = {**trained.to_dict(), "special_tokens": trained.special_tokens}
+    del data["dummy_prefix"]  # a file saved before the field existed: sentencepiece's rule
+    assert UnigramTokenizer.from_dict(data).dummy_prefix == "text"
+    with pytest.raises(ValueError, match=r"field 'dummy_prefix': expected one of \('text', "
+                                         r"'line'\), got"):
+        UnigramTokenizer.from_dict({**data, "dummy_prefix": "lines"})
 
 
 @pytest.fixture(scope="module")
@@ -183,18 +202,92 @@ def sentencepiece_model(tmp_path_factory) -> spm.SentencePieceProcessor:
     return spm.SentencePieceProcessor(model_file=str(folder / "m.model"))
 
 
-def test_viterbi_equals_sentencepiece(sentencepiece_model):
+@pytest.fixture(scope="module")
+def sentencepiece_pieces(sentencepiece_model) -> UnigramTokenizer:
+    """A UnigramTokenizer holding sentencepiece's pieces and scores, nothing else shared."""
     sp = sentencepiece_model
     n = sp.get_piece_size()
-    ours = UnigramTokenizer([sp.id_to_piece(i) for i in range(n)],
+    return UnigramTokenizer([sp.id_to_piece(i) for i in range(n)],
                             [sp.get_score(i) for i in range(n)],
                             special_tokens=["<unk>", "<s>", "</s>"])
-    # sentencepiece encodes a text as one sentence and reads training text one line at a
-    # time; tfbook puts a ▁ in front of every line, so the two agree line by line
+
+
+# what joins and surrounds the lines of a generated text: line breaks of every kind, blank
+# lines, tabs, runs of spaces, and the spaces sentencepiece does not treat as spaces
+SEPARATORS = ["\n", "\r\n", "\r", "\n\n", "\n\n\n", "\n \n", "\t", "\n\t", " ", "  ", "   ",
+              " \n ", "\u3000", "\xa0", "\u2028"]
+EDGES = ["", "", " ", "  ", "\n", "\n\n", "\t", " \n", "\r\n"]
+
+
+def multi_line_texts(count: int, seed: int = 0) -> list[str]:
+    """Texts of one to six lines of the corpus and the stress lines, joined and framed by
+    SEPARATORS and EDGES (leading and trailing spaces, empty lines, tabs), plus each
+    separator and edge alone."""
+    lines = stdlib_corpus(60_000).splitlines() + stress_lines()
+    rng = random.Random(seed)
+    texts = SEPARATORS + EDGES
+    for _ in range(count):
+        parts = rng.sample(lines, rng.randint(1, 6))
+        text = parts[0] + "".join(rng.choice(SEPARATORS) + p for p in parts[1:])
+        texts.append(rng.choice(EDGES) + text + rng.choice(EDGES))
+    return texts
+
+
+def test_encode_equals_sentencepiece_on_lines(sentencepiece_model, sentencepiece_pieces):
+    sp, ours = sentencepiece_model, sentencepiece_pieces
     lines = (stdlib_corpus(250_000) + "\n" + "\n".join(stress_lines())).splitlines()
-    assert any("\n" in line for line in stress_lines())
     for line in lines:
         assert ours.encode(line, disallowed_special=()) == sp.encode(line), line
+
+
+def test_encode_equals_sentencepiece_on_multi_line_texts(sentencepiece_model,
+                                                         sentencepiece_pieces):
+    """sentencepiece's `encode` reads a string as one sentence: one ▁ in front of it, a line
+    break a character like any other. So does tfbook's, on 2,000 generated texts."""
+    sp, ours = sentencepiece_model, sentencepiece_pieces
+    texts = multi_line_texts(2000)
+    assert sum("\n" in t for t in texts) > 1500 and sum("\r\n" in t for t in texts) > 100
+    mismatches = [t for t in texts if ours.encode(t, disallowed_special=()) != sp.encode(t)]
+    assert not mismatches, mismatches[:3]
+    compared = 0
+    for text in texts[:150]:  # the n best lists too, where no two of the 4 best tie
+        best = ours.nbest(text, 4)
+        scores = [score for _, score in best]
+        if len(best) == 4 and min(a - b for a, b in itertools.pairwise(scores)) > 1e-4:
+            assert [ids for ids, _ in best[:3]] == sp.nbest_encode_as_ids(text, 3), text
+            compared += 1
+    assert compared > 40
+    # the per-line option differs, where a line break is (a ▁ after it, none on empty lines)
+    per_line = UnigramTokenizer(ours.pieces, ours.scores, special_tokens=["<unk>", "<s>", "</s>"],
+                                dummy_prefix="line")
+    differ = [t for t in texts[:300] if per_line.encode(t, disallowed_special=()) != sp.encode(t)]
+    assert len(differ) > 100 and all("\n" in t for t in differ)
+
+
+@pytest.mark.parametrize("dummy_prefix", DUMMY_PREFIXES)
+def test_multi_line_texts_decode_back(trained, dummy_prefix):
+    tok = UnigramTokenizer(trained.pieces, trained.scores, dummy_prefix=dummy_prefix)
+    known = set(tok.pieces) | {" "}
+    texts = [t for t in multi_line_texts(300) if set(t) <= known]
+    assert len(texts) > 50 and sum("\n" in t for t in texts) > 40
+    for text in texts:
+        assert tok.decode(tok.encode(text, disallowed_special=())) == text
+
+
+# characters the model knows (letters, digits, symbols), the spaces and line breaks it does
+# not, a combining mark, CJK and an emoji (unknown: runs of them become one <unk>)
+ALPHABET = "abcdefxyz ABC 0129 _.,:;()[]=*'\"#\n\r\t\u3000\xa0\u0301é日本😀"
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=ALPHABET, max_size=40))
+def test_encode_equals_sentencepiece_property(sentencepiece_model, sentencepiece_pieces, text):
+    sp, ours = sentencepiece_model, sentencepiece_pieces
+    ids = ours.encode(text, disallowed_special=())
+    assert ids == sp.encode(text)
+    if ours.unk_id not in ids:
+        assert ours.decode(ids) == text
 
 
 def test_bad_inputs(trained):
@@ -215,6 +308,26 @@ def test_bad_inputs(trained):
         split_words("a b", boundaries="lines")
     with pytest.raises(ValueError, match="boundaries must be one of"):
         UnigramTokenizer.train("a b", 10, boundaries=None)
+    for bad in ("lines", None, True):
+        with pytest.raises(ValueError, match=r"dummy_prefix must be one of \('text', 'line'\), "
+                                             rf"got {bad!r}"):
+            UnigramTokenizer(["<unk>", "a"], [0.0, -1.0], dummy_prefix=bad)
+        with pytest.raises(ValueError, match="dummy_prefix must be one of"):
+            to_pieces_form("a", bad)
+    with pytest.raises(ValueError, match="dummy_prefix must be one of"):
+        UnigramTokenizer.train("a b", 10, dummy_prefix="sentence")
+    for bad, error in ((0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError),
+                       ("3", TypeError)):
+        with pytest.raises(error, match=rf"n must be an int >= 1 \(how many segmentations\), "
+                                        rf"got {bad!r}"):
+            trained.nbest("a b", bad)
+    for bad, error in ((-0.5, ValueError), (math.nan, ValueError), (math.inf, ValueError),
+                       ("0.1", TypeError), (None, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=r"alpha must be a finite number >= 0 \(the exponent of "
+                                        r"p\(s\)\), got"):
+            trained.sample("a b", bad)
+    with pytest.raises(TypeError, match="rng must be a random.Random or None, got int"):
+        trained.sample("a b", 0.1, rng=0)
 
 
 def test_text_entry_points_check_their_text(small):

@@ -12,12 +12,15 @@ p(s) = prod_i p(t_i). Training starts from many candidate substrings and alterna
 Encoding is Viterbi (the most probable segmentation); `nbest` lists the n best and
 `sample` draws segmentations for subword regularization.
 
-Text is handled the sentencepiece way: spaces become "▁", one "▁" is put in front of every
-line that is not empty (sentencepiece puts one in front of every sentence), and a piece never
-spans a "▁" except at its start ("the cat" -> "▁the", "▁cat"). With the default
-`boundaries="sentencepiece"` the trainer also keeps sentencepiece's two other rules: a piece
-never holds a line break (sentencepiece reads one sentence per line; here a line break is a
-one-character piece of its own, so that encoding stays lossless), and a piece never mixes
+Text is handled the sentencepiece way: spaces become "▁", a "▁" is put in front (the dummy
+prefix), and a piece never spans a "▁" except at its start ("the cat" -> "▁the", "▁cat").
+sentencepiece puts the dummy prefix in front of every sentence: its trainer reads one
+sentence per line, so the trainer here puts one in front of every line that is not empty,
+while `encode`, like sentencepiece's, reads the whole text as one sentence and puts one in
+front of the text (`dummy_prefix="line"` makes it encode line by line, as the trainer reads).
+With the default `boundaries="sentencepiece"` the trainer also keeps sentencepiece's two
+other rules: a piece never holds a line break (here a line break is a one-character piece of
+its own, so that encoding stays lossless), and a piece never mixes
 Unicode scripts (`split_by_unicode_script`): letters of one script, or characters of the
 script "Common" (digits, punctuation, symbols), but not both ("__all__" -> "▁__", "all",
 "__"). `boundaries="spaces"` keeps only the first rule.
@@ -54,6 +57,9 @@ UNK_PENALTY = 10.0  # an unknown character scores (lowest piece score - 10), as 
 LINE_BREAKS = "\n\r"  # a piece never holds one (sentencepiece trains on one line at a time)
 BOUNDARIES = ("sentencepiece", "spaces")  # the pre-splitting rules `split_words` knows
 M_STEPS = ("em", "digamma")  # Kudo's plain M-step, or sentencepiece's Bayesian one
+# where the dummy prefix ▁ goes: in front of the text (sentencepiece's `encode`: one
+# sentence) or in front of every line that is not empty (its trainer: a sentence per line)
+DUMMY_PREFIXES = ("text", "line")
 _WORD = regex.compile(f"{SPACE}[^{SPACE}]*|[^{SPACE}]+")
 _LINE_WORD = regex.compile(f"[{LINE_BREAKS}]|{SPACE}?[^{SPACE}{LINE_BREAKS}]+|{SPACE}")
 _LINE_START = regex.compile(r"(?m)^(?=.)")  # the start of a line that is not empty
@@ -64,25 +70,43 @@ _INHERITED = regex.compile(r"\p{Script=Inherited}")
 _HAN = regex.compile(r"[\p{Script=Han}\p{Script=Hiragana}\p{Script=Katakana}\u30FC]")
 
 
-def to_pieces_form(text: str) -> str:
-    r"""Spaces to ▁ and one ▁ in front of every line that is not empty, as sentencepiece
-    puts one in front of every sentence it reads ("" stays "").
+def check_dummy_prefix(dummy_prefix: object) -> str:
+    """One of DUMMY_PREFIXES, or a ValueError saying what was given."""
+    if not isinstance(dummy_prefix, str) or dummy_prefix not in DUMMY_PREFIXES:
+        raise ValueError(f"dummy_prefix must be one of {DUMMY_PREFIXES}, got "
+                         f"{dummy_prefix!r:.40}")
+    return dummy_prefix
+
+
+def to_pieces_form(text: str, dummy_prefix: str = "text") -> str:
+    r"""Spaces to ▁ and the dummy prefix ▁: one in front of the text, as sentencepiece's
+    `encode` puts one in front of the sentence it reads ("text"), or one in front of every
+    line that is not empty, as its trainer reads one sentence a line ("line"); "" stays "".
 
     >>> to_pieces_form("Hi  you")
     '▁Hi▁▁you'
     >>> to_pieces_form("a.\n\nThe")
+    '▁a.\n\nThe'
+    >>> to_pieces_form("a.\n\nThe", dummy_prefix="line")
     '▁a.\n\n▁The'
     """
-    return _LINE_START.sub(SPACE, check_text(text).replace(" ", SPACE))
+    form = check_text(text).replace(" ", SPACE)
+    if check_dummy_prefix(dummy_prefix) == "line":
+        return _LINE_START.sub(SPACE, form)
+    return SPACE + form if form else form
 
 
-def from_pieces_form(form: str) -> str:
-    r"""The inverse of `to_pieces_form`: ▁ back to spaces, the ▁ in front of each line gone.
+def from_pieces_form(form: str, dummy_prefix: str = "text") -> str:
+    r"""The inverse of `to_pieces_form`: the dummy prefix removed, ▁ back to spaces.
 
     >>> from_pieces_form("▁a.\n\n▁▁The")
+    'a.\n\n  The'
+    >>> from_pieces_form("▁a.\n\n▁▁The", dummy_prefix="line")
     'a.\n\n The'
     """
-    return _LINE_START_SPACE.sub("", form).replace(SPACE, " ")
+    if check_dummy_prefix(dummy_prefix) == "line":
+        return _LINE_START_SPACE.sub("", form).replace(SPACE, " ")
+    return form.removeprefix(SPACE).replace(SPACE, " ")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -131,7 +155,8 @@ def script_runs(word: str) -> list[str]:
 
 
 def split_words(text: str, boundaries: str = "sentencepiece") -> list[str]:
-    r"""The strings no piece crosses, in order.
+    r"""The strings no piece crosses, in order, as the trainer reads the text: one sentence a
+    line, each line that is not empty with its dummy prefix ▁ (`to_pieces_form(text, "line")`).
 
     "spaces": cut before every ▁. "sentencepiece" (the default): also cut around every line
     break (a word of its own) and where the script class changes (`script_class`).
@@ -145,7 +170,7 @@ def split_words(text: str, boundaries: str = "sentencepiece") -> list[str]:
     """
     if boundaries not in BOUNDARIES:
         raise ValueError(f"boundaries must be one of {BOUNDARIES}, got {boundaries!r:.40}")
-    form = to_pieces_form(text)
+    form = to_pieces_form(text, "line")
     if boundaries == "spaces":
         return _WORD.findall(form)
     runs: dict[str, list[str]] = {}  # each distinct word is cut once
@@ -326,7 +351,11 @@ class UnigramTokenizer(StringVocabTokenizer):
     kind = "unigram"
 
     def __init__(self, pieces: Sequence[str], scores: Sequence[float],
-                 unk_token: str = "<unk>", special_tokens: Iterable[str] = ("<unk>",)) -> None:
+                 unk_token: str = "<unk>", special_tokens: Iterable[str] = ("<unk>",),
+                 dummy_prefix: str = "text") -> None:
+        # where encode puts the dummy prefix ▁: in front of the text (sentencepiece's encode)
+        # or in front of every line that is not empty (as the trainer reads its text)
+        self.dummy_prefix = check_dummy_prefix(dummy_prefix)
         if len(pieces) != len(scores):
             raise ValueError(f"need one score per piece, got {len(pieces)} pieces and "
                              f"{len(scores)} scores")
@@ -343,7 +372,9 @@ class UnigramTokenizer(StringVocabTokenizer):
         self.unk_token, self.unk_id = unk_token, self.ids[unk_token]
         normal = [score for piece, score in zip(self.pieces, self.scores, strict=True)
                   if piece not in self.special_tokens]
-        self.unk_score = min(normal, default=0.0) - UNK_PENALTY
+        # rounded to float32 as sentencepiece computes it: the Viterbi sums are float32 too,
+        # and a few bits more would break ties between equal paths another way
+        self.unk_score = float(np.float32(min(normal, default=0.0) - UNK_PENALTY))
         self.max_piece_chars = max(len(p) for p in self.pieces)
 
     @classmethod
@@ -358,6 +389,7 @@ class UnigramTokenizer(StringVocabTokenizer):
         em_iterations: int = 2,
         boundaries: str = "sentencepiece",
         m_step: str = "em",
+        dummy_prefix: str = "text",
     ) -> UnigramTokenizer:
         """Learn `vocab_size` pieces (specials included; the first special is the unknown).
 
@@ -367,9 +399,12 @@ class UnigramTokenizer(StringVocabTokenizer):
         reached; the EM after the last pruning sets the scores. Pieces that no segmentation
         uses are dropped on the way, so a small text can end with fewer pieces. No piece
         crosses the boundaries of `split_words(text, boundaries)`. `m_step` picks the
-        M-step: "em" (Kudo's) or "digamma" (sentencepiece's); see `m_step_update`.
+        M-step: "em" (Kudo's) or "digamma" (sentencepiece's); see `m_step_update`. The
+        trainer reads the text one line at a time whatever `dummy_prefix` says: that is the
+        encoder's (see `to_pieces_form`).
         """
         check_text(text)
+        check_dummy_prefix(dummy_prefix)
         if m_step not in M_STEPS:
             raise ValueError(f"m_step must be one of {M_STEPS}, got {m_step!r:.40}")
         if not special_tokens:
@@ -419,7 +454,7 @@ class UnigramTokenizer(StringVocabTokenizer):
         kept = sorted(np.nonzero(alive)[0], key=lambda i: (-logp[i], strings[i]))
         pieces = list(special_tokens) + [strings[i] for i in kept]
         scores = [0.0] * len(special_tokens) + [float(logp[i]) for i in kept]
-        return cls(pieces, scores, special_tokens[0], special_tokens)
+        return cls(pieces, scores, special_tokens[0], special_tokens, dummy_prefix)
 
     # --- the lattice of one string --------------------------------------------------------
     def _edges_into(self, s: str, hi: int) -> Iterator[tuple[int, int, float]]:
@@ -458,27 +493,41 @@ class UnigramTokenizer(StringVocabTokenizer):
     def _encode_ordinary(self, text: str) -> list[int]:
         # One lattice over the whole text, as sentencepiece does: pieces cannot cross a ▁,
         # but the float32 running sums (and so the tie-breaks) depend on what came before.
+        return self._merge_unknown(self.viterbi(to_pieces_form(text, self.dummy_prefix))[0])
+
+    def _merge_unknown(self, ids: Sequence[int]) -> list[int]:
+        """A run of unknown characters becomes one unknown token, as in sentencepiece."""
         out: list[int] = []
-        for i in self.viterbi(to_pieces_form(text))[0]:
+        for i in ids:
             if not (i == self.unk_id and out and out[-1] == self.unk_id):
-                out.append(i)  # a run of unknown characters becomes one unknown token
+                out.append(i)
         return out
 
     def nbest(self, text: str, n: int) -> list[tuple[list[int], float]]:
         """The `n` most probable segmentations of `text` with their log-probabilities."""
-        s = to_pieces_form(check_text(text))
+        whole = isinstance(n, numbers.Integral) and not isinstance(n, bool)
+        if not whole or n < 1:
+            raise (ValueError if whole else TypeError)(
+                f"n must be an int >= 1 (how many segmentations), got {n!r:.40}")
+        s = to_pieces_form(text, self.dummy_prefix)
         paths: list[list[tuple[float, tuple[int, ...]]]] = [[(0.0, ())]]
         for hi in range(1, len(s) + 1):
             options = [(score + total, ids + (i,))
                        for lo, i, score in self._edges_into(s, hi) for total, ids in paths[lo]]
             paths.append(heapq.nlargest(n, options, key=lambda o: o[0]))
-        return [(list(ids), total) for total, ids in paths[-1]]
+        return [(self._merge_unknown(ids), total) for total, ids in paths[-1]]
 
     def sample(self, text: str, alpha: float = 0.1, rng: random.Random | None = None) -> list[int]:
         """Draw a segmentation with probability proportional to p(s)^alpha (subword
         regularization): forward sums, then pieces drawn backwards from the end."""
+        if not is_real(alpha) or alpha < 0:
+            raise (TypeError if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool)
+                   else ValueError)(f"alpha must be a finite number >= 0 (the exponent of "
+                                    f"p(s)), got {alpha!r:.40}")
+        if rng is not None and not isinstance(rng, random.Random):
+            raise TypeError(f"rng must be a random.Random or None, got {type(rng).__name__}")
         rng = rng or random.Random()
-        s = to_pieces_form(check_text(text))
+        s = to_pieces_form(text, self.dummy_prefix)
         forward = [0.0] + [-math.inf] * len(s)
         for hi in range(1, len(s) + 1):
             terms = [forward[lo] + alpha * score for lo, _, score in self._edges_into(s, hi)]
@@ -491,12 +540,12 @@ class UnigramTokenizer(StringVocabTokenizer):
             lo, i, _ = rng.choices(edges, weights)[0]
             ids.append(i)
             hi = lo
-        return ids[::-1]
+        return self._merge_unknown(ids[::-1])
 
     # --- decoding and saving --------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
-        """Ids -> text: pieces joined, ▁ back to spaces, the ▁ in front of each line removed."""
-        return from_pieces_form(self.decode_bytes(ids).decode("utf-8"))
+        """Ids -> text: pieces joined, the dummy prefix removed, ▁ back to spaces."""
+        return from_pieces_form(self.decode_bytes(ids).decode("utf-8"), self.dummy_prefix)
 
     @property
     def pieces(self) -> list[str]:
@@ -504,8 +553,8 @@ class UnigramTokenizer(StringVocabTokenizer):
         return self.tokens
 
     def to_dict(self) -> dict[str, Any]:
-        """The unknown token and one [piece, score] entry per id."""
-        return {"unk_token": self.unk_token,
+        """The unknown token, where the dummy prefix goes, one [piece, score] entry per id."""
+        return {"unk_token": self.unk_token, "dummy_prefix": self.dummy_prefix,
                 "pieces": [[p, s] for p, s in zip(self.pieces, self.scores, strict=True)]}
 
     @classmethod
@@ -533,4 +582,6 @@ class UnigramTokenizer(StringVocabTokenizer):
         if unk_token not in specials:
             raise fields.error("unk_token", "one of the special tokens "
                                f"{specials}", unk_token)
-        return cls(pieces, scores, unk_token, specials)
+        dummy_prefix = fields.get("dummy_prefix", f"one of {DUMMY_PREFIXES}",
+                                  lambda v: v in DUMMY_PREFIXES, default="text")
+        return cls(pieces, scores, unk_token, specials, dummy_prefix)
