@@ -6,9 +6,18 @@ import xml.etree.ElementTree as ET
 SVG = "{http://www.w3.org/2000/svg}"
 
 
+def text_of(el: ET.Element) -> str:
+    """What a reader sees of one <text>: its lines (tspans placed at their own x) joined by a
+    space, a subscript (a tspan in the flow) run into its word."""
+    out = el.text or ""
+    for span in el:
+        out += (" " if "x" in span.attrib and out else "") + (span.text or "") + (span.tail or "")
+    return out
+
+
 def svg_texts(svg: str) -> list[str]:
     """Every <text> of the SVG, parsed as XML (so the escaping must be right)."""
-    return [el.text or "" for el in ET.fromstring(svg).iter(f"{SVG}text")]
+    return [text_of(el) for el in ET.fromstring(svg).iter(f"{SVG}text")]
 
 
 def numbers(label: str) -> tuple[int, ...]:

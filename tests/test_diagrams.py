@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import tests.diagram_helpers as helpers
 from tfbook.attention import MultiHeadAttention
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.diagrams import (
@@ -42,7 +43,7 @@ HOSTILE = ["<script>alert(1)</script>", "&amp;", '"onload="x', "</svg>", "a\nb",
 
 def numbers(label: str) -> tuple[int, ...]:
     """(B, T, C) = (1, 9, 64) -> (1, 9, 64)."""
-    match = re.fullmatch(r"\(([^)]*)\) = \(([^)]*)\)", label)
+    match = re.search(r"\(([^)]*)\) = \(([^)]*)\)$", label)  # a shape, maybe after words
     assert match, label
     letters = [s for s in match.group(1).split(", ") if s.strip(",")]
     sizes = tuple(int(s) for s in match.group(2).rstrip(",").split(", "))
@@ -52,8 +53,7 @@ def numbers(label: str) -> tuple[int, ...]:
 
 def svg_texts(diagram: Diagram) -> list[str]:
     """Every <text> of the SVG, parsed as XML (so the escaping must be right)."""
-    root = ET.fromstring(diagram.svg)
-    return [el.text or "" for el in root.iter(f"{SVG}text")]
+    return helpers.svg_texts(diagram.svg)
 
 
 def check_labels(diagram: Diagram) -> None:
@@ -62,7 +62,7 @@ def check_labels(diagram: Diagram) -> None:
     for label in diagram.labels:
         assert label.text in texts, label
         if label.key and label.shape is not None:
-            if label.text.startswith("("):
+            if " = (" in label.text:
                 assert numbers(label.text) == label.shape, label
             else:  # a count: "H = 4 heads", "2 ×"
                 found = tuple(int(n) for n in re.findall(r"\d+", label.text))
@@ -71,7 +71,7 @@ def check_labels(diagram: Diagram) -> None:
 
 def shapes(d: Diagram) -> dict[str, tuple[int, ...]]:
     """key -> traced sizes of every shape label of a diagram."""
-    return {k: numbers(v) for k, v in d.shape_labels.items() if v.startswith("(")}
+    return {k: numbers(v) for k, v in d.shape_labels.items() if " = (" in v}
 
 
 def gpt(**changes: object) -> GPT:
@@ -125,8 +125,9 @@ def test_attention_labels_equal_hand_computed_shapes() -> None:
 
 def test_bare_function_trace() -> None:
     x = torch.randn(6, 16)
-    q, k, v = torch.randn(3, 6, 8).unbind(0)
-    at = trace_attention(q, k, v, x=x)
+    w = tuple(torch.randn(3, 16, 8).unbind(0))
+    q, k, v = (x @ m for m in w)
+    at = trace_attention(q, k, v, x=x, projections=w)
     d = attention_path(at)
     check_labels(d)
     assert d.shape_labels["weights"] == "(T, S) = (6, 6)"
@@ -135,6 +136,11 @@ def test_bare_function_trace() -> None:
     assert "none in this call" in svg_texts(d)
     masked = attention_path(trace_attention(q, k, v, causal_mask(6, 6)))
     assert "none in this call" not in svg_texts(masked)
+    # X -> Q, K, V are drawn only when the call says how q, k, v were made from X
+    with pytest.raises(ValueError, match="give x together with projections"):
+        trace_attention(q, k, v, x=x)
+    with pytest.raises(ValueError, match="are not the q, k, v given"):
+        trace_attention(k, q, v, x=x, projections=w)
 
 
 @pytest.mark.parametrize("change, expect", [
@@ -161,11 +167,12 @@ def test_changing_the_config_changes_the_drawing(change: dict, expect: str) -> N
 
 
 def test_head_split_draws_one_slice_per_head() -> None:
-    for heads in (2, 4, 8):
-        d = head_split(trace(gpt(n_heads=heads), IDX), "blocks.0.attn")
+    for heads, kv in ((2, 2), (4, 4), (8, 8), (8, 2)):
+        d = head_split(trace(gpt(n_heads=heads, n_kv_heads=kv), IDX), "blocks.0.attn")
         slices = [el for el in ET.fromstring(d.svg).iter(f"{SVG}rect")
-                  if "fill-opacity:.35" in el.get("style", "")]
-        assert len(slices) == 4 * heads  # Q, its heads, the heads' outputs, the merge
+                  if el.get("class") == "sw"]
+        # Q, its heads, the heads' outputs, the merge: one per query head; one per K, V head
+        assert len(slices) == 4 * heads + kv
 
 
 def test_blocks_pre_and_post() -> None:
@@ -349,7 +356,7 @@ def test_head_split_on_smollm2_shapes_joins_each_query_head_to_its_kv_head() -> 
     d = head_split(tr, "blocks.0.attn")
     check_labels(d)
     H, H_kv = cfg.n_heads, cfg.n_kv_heads
-    assert d.shape_labels["n_kv_heads"] == (f"K, V: H_kv = {H_kv}, each read by "
+    assert d.shape_labels["n_kv_heads"] == (f"H_kv = {H_kv} heads, each read by "
                                             f"{H // H_kv} query heads")
     assert numbers(d.shape_labels["k"])[1] == H_kv and numbers(d.shape_labels["q"])[1] == H
     texts = svg_texts(d)
@@ -359,7 +366,7 @@ def test_head_split_on_smollm2_shapes_joins_each_query_head_to_its_kv_head() -> 
               if "dash" in el.get("class", "")]
     assert len(dashed) == H
     mqa = head_split(trace(GPT(replace(cfg, n_kv_heads=1)).eval(), IDX), "blocks.0.attn")
-    assert "K, V: H_kv = 1, each read by 9 query heads" in svg_texts(mqa)
+    assert "H_kv = 1 head, each read by 9 query heads" in svg_texts(mqa)
     # SmolLM2's drawing fits the book's column at 1,280 px (672 px) without scrolling
     assert d.svg.count("min-width:") == 1
     assert float(d.svg.split("min-width:")[1].split("px")[0]) <= 672

@@ -61,76 +61,118 @@ def _heading(canvas: Canvas, text: str, cx: float, y: float) -> float:
 
 def _side_note(canvas: Canvas, x: float, y: float, text: str, key: str = "",
                shape: Shape | None = None, mono: bool = False) -> None:
-    canvas.text(x, y, text, SMALL, mono=mono, anchor="start", key=key, shape=shape)
+    canvas.text(x, y, text, SMALL, mono=mono, anchor="start", key=key, shape=shape, sub=True)
 
 
 # --- attention ----------------------------------------------------------------------------
+
+def _flow(at: AttentionTrace, part: str) -> str:
+    """The dataflow name of a tensor of this attention call: "x" or "source" (its inputs),
+    "out" (its output), or a step inside it ("q", "weights", ...)."""
+    if part in ("x", "source"):
+        return f"{at.name}:{part}" if at.name else part
+    if part == "out":
+        return at.name or ("output" if at.merged is not None else "heads")
+    return f"{at.name}.{part}" if at.name else part
+
+
+def _wire(c: Canvas, flow: object, nodes: tuple[str, ...] = (),
+          omit: tuple[tuple[str, str], ...] = (), within: str | None = None) -> None:
+    """Hold the drawing's arrows against the traced computation (a drawing whose arrows are
+    not the computation's dependencies is refused); `within` a module call drawn alone."""
+    if flow is None:
+        raise ValueError("this trace holds no dataflow to check the drawing's arrows against")
+    try:
+        c.check_wiring(flow, nodes, omit, within or None)
+    except ValueError as error:
+        raise RuntimeError(f"{c.title}: {error}") from None
+
 
 def attention_path(at: AttentionTrace, title: str = "Scaled dot-product attention") -> Diagram:
     """Attention as a data path: X -> Q, K, V -> Q K^T -> / sqrt(D) -> mask -> softmax -> A V.
 
     With a traced `MultiHeadAttention` the path goes on to the merge of the heads and W_O.
+    Every arrow is a dependency of the traced call (`AttentionTrace.flow`).
     """
     at = _check_attention(at)
     c = Canvas(title)
     kv = _kv_legend(at)
     y = 0.0
     top: Rect | None = None
+    f = lambda part: _flow(at, part)  # noqa: E731
     if at.x is not None:
-        top = draw(c, Node("input X", at.x, letters_for(BTC, at.x), key="x"), 0, y)
+        top = draw(c, Node("input X", at.x, letters_for(BTC, at.x), key="x", flow=f("x")), 0, y)
         y = top.bottom + GAP + 6
-    proj = [Node("Q = X W_Q" if top else "queries Q", at.q, letters_for(QUERY, at.q), "attn",
-                 "q"),
-            Node("K = X W_K" if top else "keys K", at.k, letters_for(kv, at.k), "attn", "k"),
-            Node("V = X W_V" if top else "values V", at.v, letters_for(kv, at.v), "attn", "v")]
-    q, k, v = row(c, proj, 0, y)
+    proj = [Node("Q = X W_{Q}" if top else "queries Q", at.q, letters_for(QUERY, at.q), "attn",
+                 "q", flow=f("q"), stack=True),
+            Node("K = X W_{K}" if top else "keys K", at.k, letters_for(kv, at.k), "attn", "k",
+                 flow=f("k"), stack=True),
+            Node("V = X W_{V}" if top else "values V", at.v, letters_for(kv, at.v), "attn", "v",
+                 flow=f("v"), stack=True)]
+    q, k, v = row(c, proj, 0, y, gap=12)
     if top is not None:
-        for r in (q, k, v):
+        for r, node in zip((q, k, v), proj, strict=True):
             c.line([(top.cx, top.bottom), (top.cx, top.bottom + 10), (r.cx, top.bottom + 10),
-                    (r.cx, r.y)])
+                    (r.cx, r.y)], edge=(f("x"), node.flow))
+    wrap = 150.0
     steps = [
         Node("scores Q Kᵀ", at.weights, letters_for(WEIGHTS, at.weights), "attn", "scores",
-             note="one score per query and key"),
-        Node("÷ √D", note=f"D = {at.head_size}", kind="plain"),
+             note="one score per query and key", flow=f("scores"), stack=True, wrap=wrap),
+        Node("÷ √D", note=f"D = {at.head_size}", kind="plain", flow=f("scaled")),
         Node("mask", kind="mask", dashed=not at.masked,
-             note="hidden keys get −∞" if at.masked else "none in this call"),
+             note="hidden keys get −∞" if at.masked else "none in this call", flow=f("masked")),
         Node("softmax over keys", at.weights, letters_for(WEIGHTS, at.weights), "attn",
-             "weights", note="weights A: each row sums to 1"),
+             "weights", note="weights A: each row sums to 1", flow=f("weights"), stack=True,
+             wrap=wrap),
         Node("A V", at.heads, letters_for(QUERY, at.heads), "attn", "heads",
-             note="a weighted average of values"),
+             note="a weighted average of values", flow=f("heads"), stack=True, wrap=wrap),
     ]
     if at.merged is not None:
-        steps += [Node("merge the heads", at.merged, BTC, key="merged"),
-                  Node("output W_O", at.out, BTC, "attn", "out")]
+        steps += [Node("merge the heads", at.merged, BTC, key="merged", flow=f("merged"),
+                       stack=True),
+                  Node("output W_{O}", at.out, BTC, "attn", "out", flow=f("out"), stack=True)]
     cx = (q.cx + k.cx) / 2
     y = q.bottom + GAP + 6
-    for r in (q, k):
-        c.line([(r.cx, r.bottom), (r.cx, q.bottom + 12), (cx, q.bottom + 12), (cx, y)])
+    for r, node in ((q, proj[0]), (k, proj[1])):
+        c.line([(r.cx, r.bottom), (r.cx, q.bottom + 12), (cx, q.bottom + 12), (cx, y)],
+               edge=(node.flow, f("scores")))
     rects = column(c, steps, cx, y, same_width=True)
     av = rects[4]
     x_route = max(v.cx, max(r.right for r in rects) + 18)
     c.line([(v.cx, v.bottom), (v.cx, v.bottom + 12), (x_route, v.bottom + 12), (x_route, av.cy),
-            (av.right, av.cy)])
+            (av.right, av.cy)], edge=(f("v"), f("heads")))
+    _wire(c, at.flow, within=at.name)
     return Diagram(c)
 
 
-def _bands(c: Canvas, cx: float, y: float, n: int, band: float, h: float) -> Rect:
+# shades of one head colour, for the query heads that share one key/value head
+SHADES = (0.5, 0.3, 0.7, 0.2, 0.6, 0.4, 0.8, 0.25)
+
+
+def _head_colour(i: int, group: int, member: int) -> tuple[int, float]:
+    """(colour index, fill opacity) of a head: its group's colour, a shade per member."""
+    del i
+    return group, SHADES[member % len(SHADES)]
+
+
+def _bands(c: Canvas, cx: float, y: float, n: int, band: float, h: float,
+           n_rep: int = 1) -> Rect:
     """A (T, C) tensor as n coloured slices of its columns, one per head."""
     x = cx - n * band / 2
     for i in range(n):
-        c.swatch(x + i * band, y, band, h, i)
+        c.swatch(x + i * band, y, band, h, *_head_colour(i, i // n_rep, i % n_rep))
         if band >= 18:
             c.text(x + (i + 0.5) * band, y + h / 2 + 5, str(i + 1), SMALL)
     return Rect(x, y, n * band, h)
 
 
 def _heads_row(c: Canvas, cx: float, y: float, n: int, w: float, h: float, gap: float,
-               colour_of=lambda i: i) -> list[Rect]:
+               n_rep: int = 1) -> list[Rect]:
     total = n * w + (n - 1) * gap
     rects = []
     for i in range(n):
         x = cx - total / 2 + i * (w + gap)
-        c.swatch(x, y, w, h, colour_of(i))
+        c.swatch(x, y, w, h, *_head_colour(i, i // n_rep, i % n_rep))
         if w >= 18:
             c.text(x + w / 2, y + h / 2 + 5, str(i + 1), SMALL)
         rects.append(Rect(x, y, w, h))
@@ -141,99 +183,135 @@ def head_split(tr: Trace, name: str) -> Diagram:
     """Multi-head attention's split and merge: (B, T, C) -> (B, H, T, D) -> ... -> (B, T, C).
 
     The columns of Q are cut into H slices of D, one per head; with grouped key/value heads
-    each K, V head is drawn under the query heads that share it.
+    each K, V head is drawn under the query heads that share it, all of a group in shades of
+    its colour. Captions sit above the rows and the arrows run down their left side, so the
+    drawing is as narrow as its heads (a phone's column holds SmolLM2's nine).
     """
     tr = _check_trace(tr)
     at = tr.attention(name)
     H, H_kv = at.n_heads, at.n_kv_heads
+    n_rep = H // H_kv
+    f = lambda part: _flow(at, part)  # noqa: E731
     q_flat = tr.shape(_child(name, "q_proj"))
     c = Canvas(f"Multi-head attention: {H} heads split and merged")
-    band = max(10.0, min(34.0, 340.0 / H))
-    gap = 6.0 if band >= 18 else 2.0
-    head_w = band if band < 18 else band - 2
-    rect = draw(c, Node("input X", at.x, BTC, key="x"), 0, 0)
-    y = rect.bottom + GAP
-    c.arrow(0, rect.bottom, 0, y)
-    _side_note(c, 10, rect.bottom + 17, "Q = X W_Q")
-    flat = _bands(c, 0, y, H, band, 44)
-    _side_note(c, flat.right + 12, flat.cy - 2, "Q, sliced into H heads of D columns")
-    _side_note(c, flat.right + 12, flat.cy + 16, shape_label(BTC, q_flat), "q_flat", q_flat,
-               mono=True)
-    y = flat.bottom + 34
-    c.arrow(0, flat.bottom, 0, y)
-    _side_note(c, 10, flat.bottom + 21, "view (B, T, H, D), transpose(1, 2)")
-    heads = _heads_row(c, 0, y, H, head_w, 36, gap)
-    right = max(heads[-1].right, flat.right)
-    _side_note(c, right + 12, y + 14, f"Q: H = {H} heads", "n_heads", (H,))
-    _side_note(c, right + 12, y + 32, shape_label(QUERY, at.q), "q", at.q, mono=True)
-    y = heads[-1].bottom + 26
+    band = max(10.0, min(34.0, 306.0 / H))
+    gap = 4.0 if band >= 18 else 2.0
+    head_w = band if band < 18 else band - gap
+    row_cx = H * band / 2  # rows start at x = 0
+    spine = 14.0  # the arrows between the rows run down here, their notes beside them
+
+    def caption(y: float, *lines: tuple[str, str, Shape | None]) -> float:
+        for text, key, shape in lines:
+            _side_note(c, 0, y + 12, text, key, shape, mono="= (" in text)
+            y += 17
+        return y + 4
+
+    def step(y: float, note: str, edge: list[tuple[str, str]] | tuple[str, str]) -> float:
+        c.arrow(spine, y, spine, y + 30, edge=edge)
+        if note:
+            _side_note(c, spine + 12, y + 20, note)
+        return y + 34
+
+    x_node = Node("input X", at.x, BTC, key="x", flow=f("x"))
+    rect = draw(c, x_node, x_node.width / 2, 0)
+    y = step(rect.bottom, "Q = X W_{Q}", (f("x"), _child(name, "q_proj")))
+    y = caption(y, (f"Q: H = {H} slices of D = {at.head_size} columns", "", None),
+                (shape_label(BTC, q_flat), "q_flat", q_flat))
+    flat = _bands(c, row_cx, y, H, band, 40, n_rep)
+    y = step(flat.bottom, "view (B, T, H, D), transpose(1, 2)", (_child(name, "q_proj"), f("q")))
+    y = caption(y, (f"query heads: H = {H}", "n_heads", (H,)),
+                (shape_label(QUERY, at.q), "q", at.q))
+    heads = _heads_row(c, row_cx, y, H, head_w, 34, gap, n_rep)
+    y = heads[-1].bottom + 16
     kv_legend = _kv_legend(at)
-    if H_kv != H:
-        n_rep = H // H_kv
-        for g in range(H_kv):
-            group = heads[g * n_rep:(g + 1) * n_rep]
-            kv_w = group[-1].right - group[0].x
-            c.box(group[0].x, y, kv_w, 26, "attn")
-            if kv_w >= 50:
-                c.text(group[0].x + kv_w / 2, y + 18, f"K, V {g + 1}", SMALL)
-            for member in group:
-                c.line([(member.cx, member.bottom), (member.cx, y)], arrow=False, dashed=True)
-        _side_note(c, right + 12, y + 8,
-                   f"K, V: H_kv = {H_kv}, each read by {n_rep} query heads", "n_kv_heads",
-                   (H_kv, n_rep))
-        _side_note(c, right + 12, y + 26, shape_label(kv_legend, at.k), "k", at.k, mono=True)
-        y += 26 + 14
-    else:
-        _side_note(c, right + 12, y - 4, "K and V are split the same way", "n_kv_heads")
-        _side_note(c, right + 12, y + 14, shape_label(kv_legend, at.k), "k", at.k, mono=True)
-        y += 32
-    c.arrow(0, heads[-1].bottom, 0, y + 36)
-    _side_note(c, 10, y + 12, "every head attends on its own:")
-    _side_note(c, 10, y + 29, shape_label(WEIGHTS, at.weights), "weights", at.weights,
-               mono=True)
-    y += 36
-    outs = _heads_row(c, 0, y, H, head_w, 36, gap)
-    _side_note(c, max(outs[-1].right, flat.right) + 12, y + 22,
-               shape_label(QUERY, at.heads), "heads", at.heads, mono=True)
-    y = outs[-1].bottom + 34
-    c.arrow(0, outs[-1].bottom, 0, y)
-    _side_note(c, 10, outs[-1].bottom + 21, "transpose(1, 2), reshape: concatenate")
-    merged = _bands(c, 0, y, H, band, 44)
-    _side_note(c, merged.right + 12, merged.cy + 5, shape_label(BTC, at.merged), "merged",
-               at.merged, mono=True)
-    y = merged.bottom + GAP
-    c.arrow(0, merged.bottom, 0, y)
-    draw(c, Node("output W_O (mixes the heads)", at.out, BTC, "attn", "out"), 0, y)
+    for g in range(H_kv):
+        group = heads[g * n_rep:(g + 1) * n_rep]
+        x0, x1 = group[0].x, group[-1].right
+        c.swatch(x0, y, x1 - x0, 26, g, 0.55)
+        label = f"K, V {g + 1}" if x1 - x0 >= 50 else f"{g + 1}"
+        c.text((x0 + x1) / 2, y + 18, label, SMALL)
+        for member in group:  # the query heads that read this key/value head
+            c.line([(member.cx, member.bottom), (member.cx, y)], arrow=False, dashed=True)
+    y += 26 + 4
+    counts = (f"H_kv = {H_kv} head{'s' if H_kv > 1 else ''}, each read by {n_rep} query heads",
+              "n_kv_heads",
+              (H_kv, n_rep)) if H_kv != H else ("one K, V head per query head", "", None)
+    y = caption(y, ("K = X W_{K}, V = X W_{V}, split the same way:", "", None), counts,
+                (shape_label(kv_legend, at.k), "k", at.k))
+    # the weights and outputs come from the query heads and the K, V heads above
+    y = step(y, "each head attends with the K, V it reads",
+             [(f("q"), f("heads")), (f("k"), f("heads")), (f("v"), f("heads"))])
+    y = caption(y, ("weights " + shape_label(WEIGHTS, at.weights), "weights", at.weights),
+                ("outputs " + shape_label(QUERY, at.heads), "heads", at.heads))
+    outs = _heads_row(c, row_cx, y, H, head_w, 34, gap, n_rep)
+    y = step(outs[-1].bottom, "transpose(1, 2), reshape: concatenate",
+             (f("heads"), f("merged")))
+    y = caption(y, (shape_label(BTC, at.merged), "merged", at.merged))
+    merged = _bands(c, row_cx, y, H, band, 40, n_rep)
+    y = step(merged.bottom, "", (f("merged"), f("out")))
+    out = Node("output W_{O} (mixes the heads)", at.out, BTC, "attn", "out", flow=f("out"))
+    draw(c, out, out.width / 2, y)
+    # K and V come from X as Q does (the caption says so); the drawing follows Q's columns
+    _wire(c, tr.flow, omit=((f("x"), f("k")), (f("x"), f("v"))), within=at.name)
     return Diagram(c)
 
 
 def cross_attention(at: AttentionTrace, title: str = "Cross-attention") -> Diagram:
-    """Queries from the decoder's stream, keys and values from the encoder's output."""
+    """Queries from the decoder's stream, keys and values from the encoder's output (the
+    memory): K meets Q in the softmax, V goes around it into A V. Every arrow is a
+    dependency of the traced call."""
     at = _check_attention(at)
     if at.source is None:
         raise ValueError("this attention call had no source: it is self-attention, "
                          "not cross-attention")
+    f = lambda part: _flow(at, part)  # noqa: E731
     c = Canvas(title)
     kv = _kv_legend(at)
-    left, right = draw(c, Node("encoder output (memory)", at.source, BSC, key="source"), 0, 0), None
-    right = draw(c, Node("decoder stream X", at.x, BTC, key="x"), left.right + 40 + 110, 0)
-    y = max(left.bottom, right.bottom) + GAP
-    kvr = draw(c, Node("K, V = memory W_K, W_V", at.k, letters_for(kv, at.k), "attn", "k"),
-               left.cx, y)
-    qr = draw(c, Node("Q = X W_Q", at.q, QUERY, "attn", "q"), right.cx, y)
-    c.arrow(left.cx, left.bottom, left.cx, kvr.y)
-    c.arrow(right.cx, right.bottom, right.cx, qr.y)
-    cx = (left.cx + right.cx) / 2
-    y = max(kvr.bottom, qr.bottom) + GAP + 10
-    for r in (kvr, qr):
-        c.line([(r.cx, r.bottom), (r.cx, r.bottom + 12), (cx, r.bottom + 12), (cx, y)])
-    rects = column(c, [
-        Node("softmax(Q Kᵀ / √D)", at.weights, WEIGHTS, "attn", "weights",
-             note="each target position reads the source"),
-        Node("A V, merge, W_O", at.out, BTC, "attn", "out"),
-        Node("added to the decoder stream", kind="plain"),
-    ], cx, y)
-    del rects
+    wrap = 130.0
+    mem = Node("memory", at.source, BSC, key="source", note="the encoder's output",
+               flow=f("source"), stack=True, wrap=wrap)
+    xs = Node("decoder stream X", at.x, BTC, key="x", flow=f("x"), stack=True, wrap=wrap)
+    kn = Node("K = memory W_{K}", at.k, letters_for(kv, at.k), "attn", "k", flow=f("k"),
+              stack=True, wrap=wrap)
+    vn = Node("V = memory W_{V}", at.v, letters_for(kv, at.v), "attn", "v", flow=f("v"),
+              stack=True, wrap=wrap)
+    qn = Node("Q = X W_{Q}", at.q, QUERY, "attn", "q", flow=f("q"), stack=True)
+    sm = Node("softmax(Q Kᵀ / √D)", at.weights, WEIGHTS, "attn", "weights",
+              note="each target position reads the source", flow=f("weights"), stack=True,
+              wrap=wrap)
+    av = Node("A V", at.heads, QUERY, "attn", "heads", note="a weighted average of values",
+              flow=f("heads"), stack=True, wrap=wrap)
+    out = Node("merge heads, W_{O}", at.out, BTC, "attn", "out", flow=f("out"), stack=True,
+               wrap=wrap)
+    w_left = max(mem.width, kn.width, vn.width)
+    w_right = max(xs.width, qn.width, sm.width, av.width, out.width)
+    xl, xr = 14 + w_left / 2, 14 + w_left + 32 + w_right / 2
+    m = draw(c, mem, xl, 0, w_left)
+    x = draw(c, xs, xr, 0, w_right)
+    y = max(m.bottom, x.bottom) + GAP
+    kr = draw(c, kn, xl, y, w_left)
+    qr = draw(c, qn, xr, y, w_right)
+    c.arrow(xl, m.bottom, xl, kr.y, edge=(mem.flow, kn.flow))
+    c.arrow(xr, x.bottom, xr, qr.y, edge=(xs.flow, qn.flow))
+    y = max(kr.bottom, qr.bottom) + GAP + 8
+    smr = draw(c, sm, xr, y, w_right)
+    c.arrow(xr, qr.bottom, xr, smr.y, edge=(qn.flow, sm.flow))
+    c.line([(kr.right, kr.cy), (kr.right + 14, kr.cy), (kr.right + 14, smr.cy),
+            (smr.x, smr.cy)], edge=(kn.flow, sm.flow))
+    y = max(smr.bottom, kr.bottom) + GAP
+    vr = draw(c, vn, xl, y, w_left)
+    # the memory's line to V passes left of K
+    c.line([(m.x + 12, m.bottom), (m.x + 12, m.bottom + 8), (4, m.bottom + 8), (4, vr.cy),
+            (vr.x, vr.cy)], edge=(mem.flow, vn.flow))
+    avr = draw(c, av, xr, max(vr.cy - av.height / 2, smr.bottom + GAP), w_right)
+    c.arrow(xr, smr.bottom, xr, avr.y, edge=(sm.flow, av.flow))
+    c.line([(vr.right, vr.cy), (vr.right + 14, vr.cy), (vr.right + 14, avr.cy),
+            (avr.x, avr.cy)], edge=(vn.flow, av.flow))
+    y = avr.bottom + GAP
+    o = draw(c, out, xr, y, w_right)
+    c.arrow(xr, avr.bottom, xr, o.y, edge=(av.flow, out.flow))
+    c.text(o.cx, o.bottom + 18, ["then added to", "the decoder stream"], SMALL)
+    _wire(c, at.flow, within=at.name)
     return Diagram(c)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
+from tfbook.diagrams.svg import FONT, LINE_GAP, SMALL, Canvas, text_width
 
 Shape = tuple[int, ...]
 GAP = 24  # vertical room between two nodes of a column (holds an arrow)
@@ -39,9 +39,28 @@ def letters_for(legend: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
     return legend[len(legend) - len(shape):]
 
 
+def wrap_words(text: str, width: float, size: float = SMALL, mono: bool = False) -> list[str]:
+    """Cut text at spaces into lines no wider than `width` (a longer word keeps its line).
+
+    >>> wrap_words("one score per query and key", 120)
+    ['one score per', 'query and key']
+    """
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and text_width(f"{lines[-1]} {word}", size, mono) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
 @dataclass
 class Node:
-    """A box with a bold title and optional lines under it: a traced shape, then a note."""
+    """A box with a bold title and optional lines under it: a traced shape, then a note.
+
+    `stack` writes the shape on two lines ("(B, H, T, D) =" over "(1, 4, 6, 8)") and `wrap`
+    cuts the note into lines of at most that many units, for narrow columns.
+    """
 
     title: str
     shape: Shape | None = None
@@ -51,24 +70,31 @@ class Node:
     note: str = ""
     dashed: bool = False
     min_width: float = 0.0
+    flow: str = ""  # the traced tensor it shows (`tfbook.diagrams.dataflow`), for its arrows
+    stack: bool = False
+    wrap: float = 0.0
 
-    def lines(self) -> list[tuple[str, float, bool, bool]]:
-        """(text, size, mono, bold) for each line of the node."""
-        out = [(self.title, FONT, False, True)]
+    def lines(self) -> list[tuple[list[str], float, bool, bool]]:
+        """(lines, size, mono, bold) for each label of the node: title, shape, note."""
+        out = [([self.title], FONT, False, True)]
         if self.shape is not None:
-            out.append((shape_label(self.letters, self.shape), SMALL, True, False))
+            label = shape_label(self.letters, self.shape)
+            out.append((label.replace(" = ", " =\n").split("\n") if self.stack else [label],
+                        SMALL, True, False))
         if self.note:
-            out.append((self.note, SMALL, False, False))
+            out.append((wrap_words(self.note, self.wrap) if self.wrap else [self.note], SMALL,
+                        False, False))
         return out
 
     @property
     def width(self) -> float:
-        widest = max(text_width(t, s, m) for t, s, m, _ in self.lines())
+        widest = max(text_width(t, s, m) for lines, s, m, _ in self.lines() for t in lines)
         return max(widest + 2 * PAD_X, self.min_width)
 
     @property
     def height(self) -> float:
-        return LINE * len(self.lines()) + 10
+        return 10 + sum(LINE + (len(lines) - 1) * size * LINE_GAP
+                        for lines, size, _, _ in self.lines())
 
 
 @dataclass(frozen=True)
@@ -103,11 +129,12 @@ def draw(canvas: Canvas, node: Node, cx: float, y: float, width: float | None = 
     rect = Rect(cx - w / 2, y, w, node.height)
     canvas.box(rect.x, rect.y, rect.w, rect.h, node.kind, node.dashed)
     baseline = y + LINE
-    for i, (text, size, mono, bold) in enumerate(node.lines()):
+    for i, (lines, size, mono, bold) in enumerate(node.lines()):
         is_shape = node.shape is not None and i == 1
-        canvas.text(cx, baseline, text, size, mono, bold,
-                    key=node.key if is_shape else "", shape=node.shape if is_shape else None)
-        baseline += LINE
+        canvas.text(cx, baseline, lines if len(lines) > 1 else lines[0], size, mono, bold,
+                    key=node.key if is_shape else "", shape=node.shape if is_shape else None,
+                    sub=i == 0)
+        baseline += LINE + (len(lines) - 1) * size * LINE_GAP
     return rect
 
 
@@ -118,9 +145,10 @@ def column(canvas: Canvas, nodes: list[Node], cx: float, y: float, gap: float = 
         raise ValueError("a column needs at least one node")
     width = max(n.width for n in nodes) if same_width else None
     rects: list[Rect] = []
-    for node in nodes:
+    for before, node in zip([None, *nodes], nodes, strict=False):
         if rects and arrows:
-            canvas.arrow(cx, rects[-1].bottom, cx, y)
+            edge = (before.flow, node.flow) if before.flow and node.flow else None
+            canvas.arrow(cx, rects[-1].bottom, cx, y, edge=edge)
         rects.append(draw(canvas, node, cx, y, width))
         y = rects[-1].bottom + gap
     return rects

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 
 FONT = 14  # title text, in SVG units (one unit is one CSS pixel at full size)
@@ -22,6 +23,7 @@ SMALL = 12.5  # shape labels and notes: never smaller (the book's minimum is abo
 MONO_WIDTH = 0.61  # width of one monospace character, in ems
 SANS_WIDTH = 0.6  # a generous average width of one sans-serif character, in ems
 PAD = 8  # margin around the drawing
+LINE_GAP = 1.25  # from one baseline to the next of a label on several lines, in its size
 # A diagram never shrinks below this share of its natural size: its smallest text stays at
 # 12 px, the size of the book's smallest text (11.9 px); a narrower screen scrolls the
 # diagram inside its own box instead.
@@ -59,9 +61,36 @@ def escape(text: object) -> str:
     return html.escape(text, quote=True)
 
 
+SUBSCRIPT = re.compile(r"_\{([^{}]*)\}")  # "W_{Q}": Q as a subscript
+SUB_SIZE = 0.75  # a subscript's size, as a share of its text's
+
+
 def text_width(text: str, size: float = FONT, mono: bool = False) -> float:
-    """The width a label needs, estimated from its length (monospace is exact)."""
+    """The width a label needs, estimated from its length (monospace is exact); subscripts
+    written _{...} count at their smaller size."""
+    if "_{" in text:
+        small = "".join(SUBSCRIPT.findall(text))
+        text = SUBSCRIPT.sub("", text)
+        return (len(text) + SUB_SIZE * len(small)) * size * (MONO_WIDTH if mono else SANS_WIDTH)
     return len(text) * size * (MONO_WIDTH if mono else SANS_WIDTH)
+
+
+def _subscripts(text: str, size: float) -> str:
+    """Escaped text with each _{...} as a lowered, smaller tspan (the text after it raised back)."""
+    out, at, low = [], 0, False
+    shift = _num(0.3 * size)
+    for match in SUBSCRIPT.finditer(text):
+        before = escape(text[at:match.start()])
+        if before:
+            out.append(f'<tspan dy="-{shift}">{before}</tspan>' if low else before)
+            low = low and not before
+        out.append(f'<tspan font-size="{_num(SUB_SIZE * size)}" dy="{0 if low else shift}">'
+                   f"{escape(match.group(1))}</tspan>")
+        low, at = True, match.end()
+    rest = escape(text[at:])
+    if rest:
+        out.append(f'<tspan dy="-{shift}">{rest}</tspan>' if low else rest)
+    return "".join(out)
 
 
 def _num(value: float) -> str:
@@ -79,14 +108,30 @@ class Label:
     shape: tuple[int, ...] | None = None
 
 
+Edge = tuple[str, str]
+
+
 class Canvas:
-    """An SVG drawing that grows as primitives are added; `render()` fits the view box."""
+    """An SVG drawing that grows as primitives are added; `render()` fits the view box.
+
+    Every arrow says what it shows: `edge=(source, result)`, the names of two tensors of the
+    traced computation (`tfbook.diagrams.dataflow`; a list of pairs when a box stands for
+    several tensors, as "K, V"), or `edge="why"` for an arrow that is not a data dependency
+    (a time axis, the loop back to the next step). `check_wiring(flow)` holds the drawn edges
+    against the recorded computation; `wired` says whether every arrow of the drawing was so
+    checked or explained.
+    """
 
     def __init__(self, title: str) -> None:
         escape(title)  # refuse a non-string early
         self.title = title
         self.parts: list[str] = []
         self.labels: list[Label] = []
+        self.edges: list[Edge] = []  # data-flow arrows: (source name, result name)
+        self.nodes: list[str] = []  # tensors shown without an arrow to or from them
+        self.verified: set[Edge] = set()  # edges held against a recorded computation
+        self.other_arrows: list[str] = []  # arrows that are not dependencies, and why
+        self.unexplained = 0  # arrows drawn with neither an edge nor a reason
         self.x0 = self.y0 = math.inf
         self.x1 = self.y1 = -math.inf
 
@@ -102,6 +147,38 @@ class Canvas:
     @property
     def height(self) -> float:
         return self.y1 - self.y0 if self.parts else 0.0
+
+    def _edge(self, edge: Edge | list[Edge] | str | None, arrow: bool) -> None:
+        pairs = edge if isinstance(edge, list) else [edge] if isinstance(edge, tuple) else None
+        if pairs is not None:
+            for pair in pairs:
+                if not (isinstance(pair, tuple) and len(pair) == 2
+                        and all(isinstance(n, str) and n for n in pair)):
+                    raise TypeError(f"an edge is (source name, result name), got {pair!r}")
+            self.edges += pairs
+        elif isinstance(edge, str):
+            self.other_arrows.append(edge)
+        elif edge is not None:
+            raise TypeError(f"edge must be a (source, result) pair, a list of them or a "
+                            f"reason, got {edge!r}")
+        elif arrow:
+            self.unexplained += 1
+
+    def check_wiring(self, flow: object, nodes: tuple[str, ...] | list[str] = (),
+                     omit: tuple[Edge, ...] | list[Edge] = (), within: str | None = None) -> None:
+        """Hold this drawing's edges against `flow` (a recorded `Dataflow`): every arrow a
+        direct dependency, every direct dependency between shown tensors drawn (or in `omit`);
+        `within` a module call's name for a drawing of that call alone."""
+        from tfbook.diagrams.dataflow import check_edges
+
+        self.nodes += [n for n in nodes if n not in self.nodes]
+        check_edges(self.edges, flow, self.nodes, omit, within)  # type: ignore[arg-type]
+        self.verified |= set(self.edges)
+
+    @property
+    def wired(self) -> bool:
+        """Every arrow is a checked dependency or says why it is not one."""
+        return self.unexplained == 0 and set(self.edges) <= self.verified
 
     # -- primitives ----------------------------------------------------------------------
     def box(self, x: float, y: float, w: float, h: float, kind: str = "data",
@@ -119,39 +196,64 @@ class Canvas:
                           f'height="{_num(h)}" rx="{_num(radius)}"{tint}/>')
         self._extend(x, y, x + w, y + h)
 
-    def swatch(self, x: float, y: float, w: float, h: float, index: int) -> None:
-        """A rectangle in the colour of head `index` (0-based, colours cycle)."""
+    def swatch(self, x: float, y: float, w: float, h: float, index: int,
+               opacity: float = 0.35) -> None:
+        """A rectangle in the colour of head `index` (0-based, colours cycle), tinted at
+        `opacity` (shades of one colour tell apart heads of one group)."""
         if w <= 0 or h <= 0:
             raise ValueError(f"a swatch needs a positive size, got {w} x {h}")
+        if not 0.0 < opacity <= 1.0:
+            raise ValueError(f"a swatch's opacity must be in (0, 1], got {opacity!r}")
         colour = HEAD_COLOURS[index % len(HEAD_COLOURS)]
-        self.parts.append(f'<rect x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
-                          f'height="{_num(h)}" style="fill:{colour};fill-opacity:.35;'
+        self.parts.append(f'<rect class="sw" x="{_num(x)}" y="{_num(y)}" width="{_num(w)}" '
+                          f'height="{_num(h)}" style="fill:{colour};fill-opacity:{opacity:g};'
                           f'stroke:{colour};stroke-width:1.2"/>')
         self._extend(x, y, x + w, y + h)
 
-    def text(self, x: float, y: float, text: str, size: float = FONT, mono: bool = False,
-             bold: bool = False, anchor: str = "middle", key: str = "",
-             shape: tuple[int, ...] | None = None) -> None:
-        """A line of text whose baseline is at y; recorded in `labels` with its key."""
+    def text(self, x: float, y: float, text: str | list[str], size: float = FONT,
+             mono: bool = False, bold: bool = False, anchor: str = "middle", key: str = "",
+             shape: tuple[int, ...] | None = None, sub: bool = False) -> None:
+        """A line of text whose baseline is at y; recorded in `labels` with its key.
+
+        A list of strings is one label on several lines (the first baseline at y, one line
+        every LINE_GAP x size below), recorded as the lines joined by a space. With `sub`,
+        "W_{Q}" writes Q as a subscript (the label records "WQ", the text a reader sees).
+        """
         if anchor not in ("start", "middle", "end"):
             raise ValueError(f"anchor must be 'start', 'middle' or 'end', got {anchor!r}")
         if size < SMALL:
             raise ValueError(f"text smaller than {SMALL} units is not legible, got {size}")
-        body = escape(text)
+        lines = text if isinstance(text, list) else [text]
+        if not lines:
+            raise ValueError("a label needs at least one line")
+        bodies = [_subscripts(line, size) if sub else escape(line) for line in lines]
+        if sub:
+            lines = [SUBSCRIPT.sub(r"\1", line) for line in lines]
         cls = " ".join(c for c, on in (("m", mono), ("b", bold)) if on)
         cls_attr = f' class="{cls}"' if cls else ""
+        if len(lines) == 1:
+            body = bodies[0]
+        else:
+            step = _num(size * LINE_GAP)
+            body = "".join(f'<tspan x="{_num(x)}" dy="{step if i else 0}">{b}</tspan>'
+                           for i, b in enumerate(bodies))
         self.parts.append(f'<text x="{_num(x)}" y="{_num(y)}" font-size="{_num(size)}" '
                           f'text-anchor="{anchor}"{cls_attr}>{body}</text>')
-        self.labels.append(Label(text, key, shape))
-        w = text_width(text, size, mono)
+        self.labels.append(Label(" ".join(lines), key, shape))
+        raw = text if isinstance(text, list) else [text]
+        w = max(text_width(line, size, mono) for line in (raw if sub else lines))
         left = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
-        self._extend(left, y - size, left + w, y + size * 0.3)
+        self._extend(left, y - size, left + w, y + size * LINE_GAP * (len(lines) - 1)
+                     + size * 0.3)
 
     def line(self, points: list[tuple[float, float]], arrow: bool = True, dashed: bool = False,
-             colour: str | None = None, width: float = 1.5) -> None:
-        """A polyline through `points`, with an arrowhead at its end if `arrow`."""
+             colour: str | None = None, width: float = 1.5,
+             edge: Edge | list[Edge] | str | None = None) -> None:
+        """A polyline through `points`, with an arrowhead at its end if `arrow`; `edge` is the
+        dependency it shows (source, result) or why an arrow shows none."""
         if len(points) < 2:
             raise ValueError(f"a line needs at least 2 points, got {len(points)}")
+        self._edge(edge, arrow)
         style = f' style="stroke:{colour};stroke-width:{_num(width)}"' if colour else (
             f' style="stroke-width:{_num(width)}"' if width != 1.5 else "")
         cls = "ln dash" if dashed else "ln"
@@ -184,8 +286,10 @@ class Canvas:
                           f'text-anchor="middle" class="b">{escape(symbol)}</text>')
         self._extend(x - r, y - r, x + r, y + r)
 
-    def bus(self, x: float, y0: float, y1: float) -> None:
-        """The residual stream: a thick vertical line every sub-layer reads and adds to."""
+    def bus(self, x: float, y0: float, y1: float, edge: Edge | None = None) -> None:
+        """The residual stream: a thick vertical line every sub-layer reads and adds to; `edge`
+        the stream's value at its top and the sum it runs into."""
+        self._edge(edge, False)
         colour = COLOURS["stream"]
         self.parts.append(f'<line x1="{_num(x)}" y1="{_num(y0)}" x2="{_num(x)}" y2="{_num(y1)}" '
                           f'style="stroke:{colour};stroke-width:5;stroke-opacity:.55"/>')
@@ -216,6 +320,11 @@ class Canvas:
                           + "".join(other.parts) + "</g>")
         self.labels += [Label(lb.text, prefix + lb.key if lb.key else "", lb.shape)
                         for lb in other.labels]
+        self.edges += [(prefix + a, prefix + b) for a, b in other.edges]
+        self.nodes += [prefix + n for n in other.nodes]
+        self.verified |= {(prefix + a, prefix + b) for a, b in other.verified}
+        self.other_arrows += other.other_arrows
+        self.unexplained += other.unexplained
         self._extend(other.x0 + dx, other.y0 + dy, other.x1 + dx, other.y1 + dy)
 
     # -- output ----------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tfbook.attention import MultiHeadAttention, scaled_dot_product_attention
+import tfbook.attention
+from tfbook.attention import MultiHeadAttention
+from tfbook.diagrams.dataflow import Dataflow, Recorder
 
 Shape = tuple[int, ...]
 
@@ -68,6 +70,8 @@ class AttentionTrace:
     n_kv_heads: int | None  # H_kv
     head_size: int  # D
     masked: bool  # a mask (or causal=True) was applied
+    name: str = ""  # the call's name in the dataflow: "blocks.0.attn", "" for the bare call
+    flow: Dataflow | None = field(default=None, compare=False, repr=False)  # the recording
 
 
 @dataclass
@@ -78,6 +82,18 @@ class Trace:
     calls: dict[str, list[Call]] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
     attentions: dict[str, list[AttentionTrace]] = field(default_factory=dict)
+    flow: Dataflow = field(default_factory=Dataflow)  # which tensor came from which
+
+    def flow_name(self, name: str, part: str = "", call: int = 0) -> str:
+        """The dataflow's name of a tensor of module `name`'s call `call`: its output
+        (part ""), an input ("x", "source"), or a step inside attention (".q", ".weights")."""
+        self._check(name)
+        base = name if call == 0 else f"{name}#{call}"
+        if part.startswith(":"):
+            return f"{base}{part}" if base else part[1:]
+        if part:
+            return f"{base}{part}" if base else part.lstrip(".")
+        return base or "output"
 
     def _check(self, name: str) -> list[Call]:
         if not isinstance(name, str):
@@ -156,7 +172,9 @@ def _attention_hooks(name: str, module: MultiHeadAttention, tr: Trace) -> list[A
             weights=tuple(weights.shape), heads=heads,
             merged=tr.calls[f"{name}.out_proj" if name else "out_proj"][-1].inputs[0],
             out=tuple(output[0].shape), n_heads=module.n_heads, n_kv_heads=module.n_kv_heads,
-            head_size=module.head_size, masked=mask is not None or bool(causal)))
+            head_size=module.head_size, masked=mask is not None or bool(causal),
+            name=name if not tr.attentions.get(name) else f"{name}#{len(tr.attentions[name])}",
+            flow=tr.flow))
 
     module.split_heads = split_heads  # type: ignore[method-assign]
     return [module.register_forward_pre_hook(before, with_kwargs=True),
@@ -187,8 +205,10 @@ def trace(model: nn.Module, *args: Any, **kwargs: Any) -> Trace:
             patched.append(module)
         # registered after the attention hooks: the call is recorded before they read it
         handles.append(module.register_forward_hook(recorder(name), with_kwargs=True))
+    recorder = Recorder(model)
+    tr.flow = recorder.flow  # which tensor was computed from which, filled by the call
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recorder:
             model(*args, **kwargs)
     finally:
         for handle in handles:
@@ -199,17 +219,40 @@ def trace(model: nn.Module, *args: Any, **kwargs: Any) -> Trace:
 
 
 def trace_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                    x: Tensor | None = None) -> AttentionTrace:
+                    x: Tensor | None = None,
+                    projections: tuple[Tensor, Tensor, Tensor] | None = None) -> AttentionTrace:
     """The shapes of one call of `scaled_dot_product_attention` (one head, no W_O).
 
-    `x` is the input the chapter projected to q, k and v, if it wants it drawn.
+    `x` is the input the chapter projected to q, k and v, if it wants it drawn; then
+    `projections` (W_Q, W_K, W_V) are the matrices it used: q, k and v are computed again as
+    x @ W under the dataflow recorder and must equal the given ones, so the drawing's arrows
+    from X are the computation's.
     """
     for name, t in (("q", q), ("k", k), ("v", v), ("x", x), ("mask", mask)):
         if t is not None and not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    if (x is None) != (projections is None):
+        raise ValueError("give x together with projections=(W_Q, W_K, W_V), the matrices "
+                         "that made q, k and v from it (or neither)")
+    if projections is not None and not (isinstance(projections, tuple) and len(projections) == 3
+                                        and all(isinstance(w, Tensor) for w in projections)):
+        raise TypeError(f"projections must be a tuple of 3 tensors (W_Q, W_K, W_V), got "
+                        f"{type(projections).__name__}")
+    with torch.no_grad(), Recorder() as rec:
+        if x is not None:
+            rec.name(x, "x")
+            made = tuple(x @ w for w in projections)  # (T, C) @ (C, D) -> (T, D)
+            if not all(m.shape == t.shape and torch.equal(m, t)
+                       for m, t in zip(made, (q, k, v), strict=True)):
+                raise ValueError("x @ W_Q, x @ W_K, x @ W_V are not the q, k, v given: pass "
+                                 "the matrices that made them")
+            q, k, v = made
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            rec.name(t, name)
+        out, weights = tfbook.attention.scaled_dot_product_attention(q, k, v, mask)
     return AttentionTrace(
         x=None if x is None else tuple(x.shape), source=None, q=tuple(q.shape),
         k=tuple(k.shape), v=tuple(v.shape), weights=tuple(weights.shape),
         heads=tuple(out.shape), merged=None, out=tuple(out.shape), n_heads=None,
-        n_kv_heads=None, head_size=q.size(-1), masked=mask is not None)
+        n_kv_heads=None, head_size=q.size(-1), masked=mask is not None, name="",
+        flow=rec.flow)
