@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -29,18 +31,19 @@ def sweep() -> dict:
     start = time.perf_counter()
     results: dict = {"lengths": list(LENGTHS), "bytes": {}, "exponents": {}}
     keep = [i for i, T in enumerate(LENGTHS) if T >= FIT_FROM]
-    for pass_ in PASSES:
-        for kernel in KERNELS:
-            if kernel == "torch" and pass_ == "train":
-                continue  # the chapter compares our two; torch's forward is a reference point
-            name = f"{kernel}_{pass_}"
-            sizes = []
-            for T in LENGTHS:
-                sizes.append(attention_peaks(T, [kernel], [pass_])[name])
-                print(f"{name:18s} T={T:5d}: {sizes[-1] / 2**20:8.2f} MiB", flush=True)
-            results["bytes"][name] = sizes
-            results["exponents"][name] = growth_exponent([LENGTHS[i] for i in keep],
-                                                         [sizes[i] for i in keep])
+    # the chapter compares our two kernels; torch's forward is a reference point
+    names = [(kernel, pass_) for pass_ in PASSES for kernel in KERNELS
+             if not (kernel == "torch" and pass_ == "train")]
+    points = [(kernel, pass_, T) for kernel, pass_ in names for T in LENGTHS]
+    sizes: dict[str, list[int]] = {f"{kernel}_{pass_}": [] for kernel, pass_ in names}
+    for kernel, pass_, T in (bar := tqdm(points, desc="peak memory, one process per point")):
+        name = f"{kernel}_{pass_}"
+        sizes[name].append(attention_peaks(T, [kernel], [pass_])[name])
+        bar.set_postfix_str(f"{name} T={T}: {sizes[name][-1] / 2**20:.2f} MiB")
+    for name, measured in sizes.items():
+        results["bytes"][name] = measured
+        results["exponents"][name] = growth_exponent([LENGTHS[i] for i in keep],
+                                                     [measured[i] for i in keep])
     import torch
 
     results["settings"] = {
