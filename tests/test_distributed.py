@@ -302,3 +302,50 @@ def test_bad_variants_shards_and_sizes():
         training_bytes_per_process(100, 2, stage=4)
     with pytest.raises(ValueError, match="n_params must be an int >= 0"):
         training_bytes_per_process(-5, 2)
+
+
+def test_bad_numbers_dtypes_and_dicts_are_refused():
+    for bad in (float("nan"), float("inf"), -1, True, "100", None):
+        with pytest.raises(ValueError, match=rf"n_bytes must be a finite number >= 0, got "
+                                             rf"{bad!r}"):
+            ring_all_reduce_bytes(bad, 2)
+    for bad in (True, 1.0, "1"):
+        with pytest.raises(ValueError, match=rf"stage must be one of \[0, 1, 2, 3\], got "
+                                             rf"{bad!r}"):
+            training_bytes_per_process(100, 2, stage=bad)
+    with pytest.raises(TypeError, match=r"tensors must share one real number type \(an "
+                                        r"all-reduce sums them\), got dtypes \['float32', "
+                                        r"'float64'\]"):
+        ring_all_reduce([torch.zeros(3), torch.zeros(3, dtype=torch.float64)])
+    with pytest.raises(TypeError, match=r"got dtypes \['bool', 'bool'\]"):
+        ring_all_reduce([torch.ones(2, dtype=torch.bool)] * 2)
+    # integer tensors sum exactly
+    assert torch.equal(ring_all_reduce([torch.arange(4)] * 3)[0][0], 3 * torch.arange(4))
+    with pytest.raises(ValueError, match="needs at least one tensor in each dict, got two "
+                                         "empty dicts"):
+        max_difference({}, {})
+    with pytest.raises(ValueError, match=r"tensor 'w' has shape \(3,\) in a and \(1,\) in b: "
+                                         r"the shapes must be equal"):
+        max_difference({"w": torch.zeros(3)}, {"w": torch.zeros(1)})
+    with pytest.raises(TypeError, match="b must be a dict of name -> tensor, got a dict with "
+                                        "'w': list"):
+        max_difference({"w": torch.zeros(1)}, {"w": [0.0]})
+    with pytest.raises(TypeError, match="a must be a dict of name -> tensor, got NoneType"):
+        max_difference(None, {})
+    with pytest.raises(ValueError, match=r"differ in names: \['v', 'w'\]"):
+        max_difference({"w": torch.zeros(1)}, {"v": torch.zeros(1)})
+    assert max_difference({"w": torch.zeros(0), "v": torch.ones(2)},
+                          {"w": torch.zeros(0), "v": torch.zeros(2)}) == 1.0
+    with pytest.raises(TypeError, match=r"batch must be a pair \(x, y\) of tensors \(B, T\), "
+                                        r"got Tensor"):
+        shard_batch(torch.zeros(4, 3), 0, 2)
+    with pytest.raises(ValueError, match="x and y must have the same rows, got 4 and 2"):
+        shard_batch((torch.zeros(4, 3), torch.zeros(2, 3)), 0, 2)
+    with pytest.raises(ValueError, match=r"dtype must be one of \('float32', 'float64'\), "
+                                         r"got 'float16'"):
+        distributed.build_model(MODEL, 0, "float16")
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"seed must be an int >= 0, got {bad!r}"):
+            distributed.build_model(MODEL, bad)
+    with pytest.raises(TypeError, match="model_config must be a GPTConfig, got dict"):
+        distributed.build_model({}, 0)

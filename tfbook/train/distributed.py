@@ -29,11 +29,12 @@ Shape legend: B global batch, b = B / p rows per rank, T window length, p world 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -133,6 +134,11 @@ def ring_all_reduce_steps(tensors: Sequence[Tensor]) -> Iterator[RingStep]:
     ):
         raise ValueError("tensors must be a non-empty sequence of tensors of one shape "
                          f"(one per rank), got {_describe(tensors)}")
+    dtypes = [t.dtype for t in tensors]
+    if len(set(dtypes)) > 1 or dtypes[0] == torch.bool or dtypes[0].is_complex:
+        # a float32 rank adding a float64 chunk rounds it; a bool "sum" is a logical or
+        raise TypeError("tensors must share one real number type (an all-reduce sums "
+                         f"them), got dtypes {[str(d).removeprefix('torch.') for d in dtypes]}")
     p = len(tensors)
     chunks = [list(t.detach().reshape(-1).clone().tensor_split(p)) for t in tensors]  # [r][c]
     yield RingStep("start", 0, [[c.clone() for c in row] for row in chunks], [])
@@ -180,8 +186,8 @@ def ring_all_reduce_bytes(n_bytes: float, world_size: int) -> float:
     (p - 1 steps of reduce-scatter, then p - 1 of all-gather, one p-th of the data each)."""
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
-    if not is_number(n_bytes) or n_bytes < 0:
-        raise ValueError(f"n_bytes must be a number >= 0, got {n_bytes!r}")
+    if not is_number(n_bytes) or not 0 <= n_bytes < math.inf:  # NaN fails both
+        raise ValueError(f"n_bytes must be a finite number >= 0, got {n_bytes!r}")
     return 2 * (world_size - 1) / world_size * n_bytes
 
 
@@ -205,7 +211,7 @@ def training_bytes_per_process(n_params: int, world_size: int, stage: int = 0,
                              ("state_bytes", state_bytes, 0)):
         if not is_int(value) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if stage not in ZERO_STAGES:
+    if not is_int(stage) or stage not in ZERO_STAGES:  # True == 1 would pass `in`
         raise ValueError(f"stage must be one of {sorted(ZERO_STAGES)}, got {stage!r}")
     weights, grads, states = 2 * n_params, 2 * n_params, state_bytes * n_params
     sharded = {0: 0, 1: states, 2: states + grads, 3: states + grads + weights}[stage]
@@ -245,7 +251,12 @@ def check_shardable(batch_size: int, world_size: int) -> int:
 def shard_batch(batch: tuple[Tensor, Tensor], rank: int, world_size: int
                 ) -> tuple[Tensor, Tensor]:
     """Rank r's rows of a global batch x, y (B, T): rows [r b, (r + 1) b), b = B / p."""
+    if not (isinstance(batch, tuple | list) and len(batch) == 2
+            and all(isinstance(t, Tensor) and t.dim() >= 1 for t in batch)):
+        raise TypeError(f"batch must be a pair (x, y) of tensors (B, T), got {_describe(batch)}")
     x, y = batch
+    if x.size(0) != y.size(0):
+        raise ValueError(f"x and y must have the same rows, got {x.size(0)} and {y.size(0)}")
     b = check_shardable(x.size(0), world_size)
     if not is_int(rank) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
@@ -254,6 +265,12 @@ def shard_batch(batch: tuple[Tensor, Tensor], rank: int, world_size: int
 
 def build_model(model_config: GPTConfig, seed: int, dtype: str = "float32") -> GPT:
     """The GPT every run starts from: seeded, so each process builds the same weights."""
+    if not isinstance(model_config, GPTConfig):
+        raise TypeError(f"model_config must be a GPTConfig, got {type(model_config).__name__}")
+    if not is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
     torch.manual_seed(seed)
     return GPT(model_config).to(DTYPES[dtype])
 
@@ -527,6 +544,26 @@ def run_data_parallel(
 
 def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     """max |a - b| over every tensor of two dicts with the same names and shapes."""
+    for name, d in (("a", a), ("b", b)):
+        if not isinstance(d, Mapping) or not all(isinstance(v, Tensor) for v in d.values()):
+            raise TypeError(f"{name} must be a dict of name -> tensor, got {_describe_dict(d)}")
     if a.keys() != b.keys():
         raise ValueError(f"the two sets of tensors differ in names: {sorted(a.keys() ^ b.keys())}")
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    if not a:
+        raise ValueError("max_difference needs at least one tensor in each dict, got two "
+                         "empty dicts")
+    shapes = [(k, tuple(a[k].shape), tuple(b[k].shape)) for k in a if a[k].shape != b[k].shape]
+    if shapes:  # broadcasting would compare something else
+        k, sa, sb = shapes[0]
+        raise ValueError(f"tensor {k!r} has shape {sa} in a and {sb} in b: the shapes must "
+                         f"be equal ({len(shapes)} name(s) differ)")
+    diffs = [(a[k].double() - b[k].double()).abs() for k in a]
+    return max(float(d.max()) if d.numel() else 0.0 for d in diffs)  # an empty tensor: 0
+
+
+def _describe_dict(value: object) -> str:
+    """A bad dict argument in a few words: its type, or the types of its values."""
+    if not isinstance(value, Mapping):
+        return type(value).__name__
+    bad = {k: type(v).__name__ for k, v in value.items() if not isinstance(v, Tensor)}
+    return f"a dict with {', '.join(f'{k!r}: {t}' for k, t in list(bad.items())[:3])}"
