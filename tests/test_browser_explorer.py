@@ -1,9 +1,13 @@
 """The model explorer in Chromium: the page's tensors equal PyTorch's hooks, it is fast enough,
-hostile text stays text, and a phone's width does not scroll the page sideways."""
+hostile text stays text, a token that holds a piece of a character reads as the token
+widgets show it, the heatmaps have their axes, legend and the value under the pointer, the
+diagram is one tab stop with arrow keys, and a phone's width scrolls neither the page nor the
+diagram sideways."""
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +33,17 @@ RUN_JS = """(r) => r.explorerRun && ({ids: r.explorerRun.ids, tokens: r.explorer
   dropped: r.explorerRun.dropped, runs: r.explorerRun.runs, norms: r.explorerRun.norms,
   tensors: Object.fromEntries(Object.entries(r.explorerRun.tensors)
                                     .map(([k, v]) => [k, Array.from(v)]))})"""
+PIECE = re.compile(r"(‹[0-9a-f]{2}(?: [0-9a-f]{2})*›)")  # a piece of a character, in hex
+WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\u00a0": "⍽"}
+
+
+def shown_token(label: str) -> str:
+    """A token label (token_label) as the page shows it, as the token widgets do: whitespace
+    made visible in its characters, a piece of a character kept as its hex bytes."""
+    return "".join(part if PIECE.fullmatch(part) else
+                   "".join(WHITESPACE.get(c, c) for c in part) for part in PIECE.split(label))
+
+
 STATE_BYTES_JS = """() => [...document.querySelectorAll(
   'script[type="application/vnd.jupyter.widget-state+json"]')]
   .reduce((n, s) => n + new TextEncoder().encode(s.textContent).length, 0)"""
@@ -92,8 +107,14 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
         check_parity(root.evaluate(RUN_JS), widget, "The function returns the value")
         box = root.locator("input[type=text]")
         runs = root.evaluate(RUN_JS)["runs"]
-        texts = [HOSTILE, LONG, "Café crème, 中文, emoji 😀👍🏽.", sentence_of(tokenizer, 64)]
+        strip = root.locator(".tfw-strip > span")
+        texts = [HOSTILE, LONG, "Café crème — 中文, emoji 😀👍🏽.", sentence_of(tokenizer, 64)]
+        pieces = []
         for text in texts:
+            if strip.count() > 5:  # a token hovered in the last text must not stay lit
+                strip.nth(5).hover()
+                page.mouse.move(0, 0)  # off the tokens: the reader goes back to typing
+                assert root.locator(".tfw-strip .tfw-hot").count() == 1
             box.fill(text)
             runs += 1
             page.wait_for_function("([r, n]) => r.explorerRun.runs === n",
@@ -101,10 +122,32 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
             check_parity(root.evaluate(RUN_JS), widget, text)
             ids = tokenizer.encode_ordinary(text)
             expected_cut = cut_note(len(ids), 64) if len(ids) > 64 else ""
-            assert root.locator(".tfw-cut").inner_text() == expected_cut
-        strip = root.locator(".tfw-strip span")
-        shown = "".join(strip.all_inner_texts())
-        assert shown == "".join(t.replace(" ", "␣") for t in root.evaluate(RUN_JS)["tokens"])
+            assert root.locator(".tfw-cut").inner_text() == expected_cut  # none left from LONG
+            assert root.locator(".tfw-hot").count() == 0
+            tokens = root.evaluate(RUN_JS)["tokens"]
+            assert strip.all_inner_texts() == [shown_token(t) for t in tokens]
+            pieces += root.locator(".tfw-strip .tfw-piece").all_inner_texts()
+        # split characters (the em dash's e2 80 94, the emoji's 4 bytes) read as the token
+        # widgets show them: "‹e2 80›", never "‹e2␣80›"
+        assert pieces and all(PIECE.fullmatch(p) for p in pieces), pieces
+        assert any(" " in p for p in pieces), pieces  # a piece of two bytes or more
+        # an empty text box: says so, and the last text's cut note and hover go
+        box.fill(LONG)
+        runs += 1
+        page.wait_for_function("([r, n]) => r.explorerRun.runs === n",
+                               arg=[root.element_handle(), runs])
+        strip.nth(5).hover()
+        page.mouse.move(0, 0)
+        box.fill("   ")
+        page.wait_for_function("(r) => r.querySelector('.tfw-status').textContent !== ''",
+                               arg=root.element_handle())
+        assert "the text box is empty" in root.locator(".tfw-status").inner_text()
+        assert root.locator(".tfw-cut").inner_text() == ""
+        assert root.locator(".tfw-hot").count() == 0
+        box.fill(sentence_of(tokenizer, 64))
+        runs += 1
+        page.wait_for_function("([r, n]) => r.explorerRun.runs === n",
+                               arg=[root.element_handle(), runs])
         # typing a 64-token sentence: median of several runs, input event to drawn views
         for i in range(4):
             box.fill(sentence_of(tokenizer, 64) + " " * (i % 2))
@@ -120,8 +163,8 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
             assert shown_now == key
         trace = widget.trace(box.input_value())
         # the heatmap's values are the tensor's (head 2 of q, weights of head 2)
-        root.locator("input[type=range]").first.evaluate(
-            "(s) => { s.value = '2'; s.dispatchEvent(new Event('input')); }")
+        root.locator("input[type=range]").first.evaluate(  # head 1 (heads counted from 0)
+            "(s) => { s.value = '1'; s.dispatchEvent(new Event('input')); }")
         for key, expected in [("blocks.1.attn.q", trace["blocks.1.attn.q"][:, 16:32]),
                               ("blocks.1.attn.weights", trace["blocks.1.attn.weights"][1]),
                               ("blocks.0.ff.hidden", trace["blocks.0.ff.hidden"])]:
@@ -131,9 +174,47 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
             assert torch.allclose(got, expected, atol=2e-6 if "weights" in key else 1e-5, rtol=0)
             facts = root.locator(".tfw-facts").inner_text()
             assert f"values from {float(expected.min()):.4g}"[:16] in facts.replace("e+", "e")
+            b = next(b for b in widget.diagram["boxes"] if b["key"] == key)
+            assert root.locator(".tfw-title").inner_text() == b["name"]  # "block 1, q"
+            assert root.locator(".tfw-about").inner_text() == b["about"]
+            assert root.locator(".tfw-formula sub").count() + root.locator(
+                ".tfw-formula sup").count() == b["formula"].count("{")
+            # the columns: the key tokens for the weights, feature indices otherwise
+            cols = root.locator(".tfw-cols span").all_inner_texts()
+            tokens = root.evaluate(RUN_JS)["tokens"]
+            if "weights" in key:
+                assert cols == [shown_token(t) for t in tokens]
+            else:
+                first = 16 if key.endswith(".q") else 0  # head 1's slice of (T, C)
+                assert cols[0] == str(first) and int(cols[1]) > first
+            legend = root.locator(".tfw-legend").inner_text()
+            vmax = float(expected.abs().max())
+            assert ("0" in legend and "1" in legend) if "weights" in key else (
+                f"{vmax:.3g}" in legend.replace("−", "-")), legend
+            # the value under the pointer: its token, its column and the number
+            t, c = 7, 3
+            canvas = root.locator(".tfw-canvas-box canvas").bounding_box()
+            cell = canvas["width"] / expected.shape[1]
+            page.mouse.move(canvas["x"] + 1 + (c + 0.5) * (cell - 2 / expected.shape[1]),
+                            canvas["y"] + 1 + (t + 0.5) * 14)
+            page.wait_for_function("([r, t, c]) => r.explorerCell && r.explorerCell.row === t "
+                                   "&& r.explorerCell.col === c",
+                                   arg=[root.element_handle(), t, c])
+            read = root.locator(".tfw-readout").inner_text()
+            value = float(expected[t, c])
+            if "weights" in key:
+                assert read == (f"query “{shown_token(tokens[t])}” ({t}) reads key "
+                                f"“{shown_token(tokens[c])}” ({c}) with weight {value:.4f}")
+            else:
+                first = 16 if key.endswith(".q") else 0
+                assert read.startswith(f"token “{shown_token(tokens[t])}” ({t}), feature "
+                                       f"{first + c}: ")
+                assert abs(float(read.rsplit(": ", 1)[1]) - value) <= 1e-3 * abs(value) + 1e-5
         # the logits: the top next tokens with their probabilities, for the hovered token
         root.locator('g.tfw-box[data-key="logits"]').click()
         strip.nth(3).hover()
+        page.wait_for_function("(r) => r.explorerShown && r.explorerShown.row === 3",
+                               arg=root.element_handle())
         top = root.evaluate("(r) => r.explorerShown")
         ids, probs = top_next_tokens(trace["logits"])
         assert top["row"] == 3
@@ -144,7 +225,7 @@ def test_page_model_parity_speed_hover_and_safe_text(browser, trained, tmp_path:
         assert root.locator("polyline.tfw-hot-line").count() == 1
         # hovering a token in the heatmap's labels lights the same row everywhere
         root.locator('g.tfw-box[data-key="blocks.0.resid2"]').click()
-        root.locator(".tfw-labels span").nth(5).hover()
+        root.locator('.tfw-labels span[data-index="5"]').hover()
         assert root.locator(".tfw-strip span.tfw-hot").get_attribute("data-index") == "5"
         assert root.locator("polyline.tfw-hot-line").get_attribute("data-index") == "5"
         assert root.locator(".tfw-row-mark").is_visible()
@@ -194,11 +275,11 @@ def test_python_fed_llama_static_page(browser, tmp_path: Path) -> None:
         shown = root.evaluate("(r) => Object.assign({}, r.explorerShown, "
                               "{values: Array.from(r.explorerShown.values)})")
         D = model.config.head_size
-        expected = trace["blocks.1.attn.k"][:, D:2 * D]  # query head 4 reads key/value head 2
+        expected = trace["blocks.1.attn.k"][:, D:2 * D]  # query head 3 reads key/value head 1
         assert torch.equal(torch.tensor(shown["values"]).reshape(expected.shape), expected)
-        assert "key/value head 2 (shared by query heads 3-4)" in root.locator(
+        assert "key/value head 1 (shared by query heads 2-3)" in root.locator(
             ".tfw-facts").inner_text()
-        strip = "".join(root.locator(".tfw-strip span").all_inner_texts())
+        strip = "".join(root.locator(".tfw-strip > span").all_inner_texts())
         assert strip == HOSTILE.replace(" ", "␣")
         assert "pos_emb" not in [b["key"] for b in widget.diagram["boxes"]]
         root.locator('g.tfw-box[data-key="norm_f"]').click()
@@ -213,7 +294,8 @@ def test_python_fed_llama_static_page(browser, tmp_path: Path) -> None:
 def test_a_deep_model_opens_with_its_selected_box_in_sight(browser, tmp_path: Path,
                                                            viewport: dict) -> None:
     """A deep model's diagram scrolls in its own box; a widget opened on a box far down (as
-    SmolLM2's on block 16) scrolls that box into sight, and never scrolls the page."""
+    SmolLM2's on block 16) scrolls that box into sight, vertically only, and never scrolls
+    the page: on a phone the residual stream at the diagram's left stays in view."""
     torch.manual_seed(0)
     model = GPT(replace(tiny_llama(), n_layers=16)).eval()
     last = "blocks.15.attn.weights"
@@ -228,6 +310,58 @@ def test_a_deep_model_opens_with_its_selected_box_in_sight(browser, tmp_path: Pa
                   "r.right <= w.right + 1; }")
         page.wait_for_function(inside, arg=[box.element_handle(), view.element_handle()])
         assert page.evaluate("window.scrollX") == 0
+        sideways = view.evaluate("(v) => [v.scrollLeft, v.scrollWidth, v.clientWidth]")
+        assert sideways[0] == 0 and sideways[1] <= sideways[2], sideways  # nothing to the right
+        stream = root.locator(".tfw-stream").bounding_box()
+        frame = view.bounding_box()
+        assert frame["x"] <= stream["x"] and stream["x"] + stream["width"] <= frame["x"] + 40
+
+
+def test_the_diagram_is_one_tab_stop_with_arrow_keys(browser, tmp_path: Path) -> None:
+    """A 16-block model has 179 boxes and one tab stop: Tab enters the diagram on the
+    selected box and the next Tab leaves it; arrow keys, Page Up/Down, Home and End move
+    between the boxes; Enter shows one. The boxes are buttons named with their block in a
+    group (not an image), the selected one pressed; the panel is a live region."""
+    torch.manual_seed(0)
+    model = GPT(replace(tiny_llama(), n_layers=16)).eval()
+    widget = ModelExplorer.from_model(model, BPETokenizer({}), "keys", box="blocks.3.attn.q")
+    with static_widget(browser, widget, ASSETS, tmp_path) as (page, root, log):
+        page.wait_for_function("(r) => r.explorerShown !== undefined", arg=root.element_handle())
+        boxes = root.locator("g.tfw-box")
+        assert boxes.count() == len(widget.diagram["boxes"]) == 2 + 16 * 11 + 2
+        assert root.locator('g.tfw-box[tabindex="0"]').count() == 1
+        assert root.locator(".tfw-diagram svg").get_attribute("role") == "group"
+        assert root.locator('g.tfw-box[aria-pressed="true"]').get_attribute(
+            "aria-label") == "block 3, q"
+        assert root.locator(".tfw-said").get_attribute("aria-live") == "polite"
+        focused = "() => document.activeElement.getAttribute('data-key')"
+        root.locator("input[type=range]").focus()
+        page.keyboard.press("Tab")
+        assert page.evaluate(focused) == "blocks.3.attn.q"
+        page.keyboard.press("Tab")  # out of the diagram in one press
+        assert page.evaluate(focused) is None
+        page.keyboard.press("Shift+Tab")
+        assert page.evaluate(focused) == "blocks.3.attn.q"
+        scroll = page.evaluate("window.scrollY")
+        for key, expected in [("ArrowDown", "blocks.3.attn.k"), ("ArrowDown", "blocks.3.attn.v"),
+                              ("ArrowRight", "blocks.3.attn.weights"),
+                              ("ArrowLeft", "blocks.3.attn.v"), ("PageDown", "blocks.4.attn.v"),
+                              ("PageUp", "blocks.3.attn.v"), ("End", "logits"),
+                              ("Home", "tok_emb"), ("PageDown", "blocks.0.norm1")]:
+            page.keyboard.press(key)
+            assert page.evaluate(focused) == expected, (key, expected)
+        assert page.evaluate("window.scrollY") == scroll  # the keys move focus, not the page
+        assert root.locator('g.tfw-box[tabindex="0"]').count() == 1
+        page.keyboard.press("End")
+        page.keyboard.press("ArrowUp")  # from the logits up to the last block's stream
+        page.keyboard.press("Enter")
+        key = page.evaluate(focused)
+        assert key.startswith("blocks.15.")
+        name = next(b["name"] for b in widget.diagram["boxes"] if b["key"] == key)
+        assert root.locator(".tfw-title").inner_text() == name
+        assert root.locator('g.tfw-box[aria-pressed="true"]').count() == 1
+        assert root.locator('g.tfw-box[aria-pressed="true"]').get_attribute("data-key") == key
+    assert not (log.page_errors or log.console_errors), log
 
 
 def test_live_in_jupyterlab_python_answers_clicks_and_text(browser, lab) -> None:  # noqa: F811
@@ -345,6 +479,9 @@ def test_labels_never_overlap_and_the_panel_goes_below_on_a_phone(browser, train
                     width, t)
             assert layout["page"] <= width, f"the page scrolls sideways at {width} px: {layout}"
             assert layout["widget"][0] <= layout["widget"][1] + 1, (width, layout["widget"])
+            sideways = root.locator(".tfw-diagram").evaluate(
+                "(v) => [v.scrollLeft, v.scrollWidth, v.clientWidth]")
+            assert sideways[0] == 0 and sideways[1] <= sideways[2], (width, sideways)
             assert not too_small(root), (width, too_small(root))
             diagram, panel = layout["diagram"], layout["panel"]
             if column and widget.diagram["width"] + 12 + 270 <= column:  # beside, tops level

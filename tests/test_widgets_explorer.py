@@ -1,10 +1,12 @@
 """The model explorer: forward hooks take the right tensors of a GPT and a Llama-style model,
-the diagram follows the config, hostile text stays text, bad input is a clear error."""
+the diagram follows the config and its arrows are the computation's data dependencies,
+hostile text stays text, bad input is a clear error."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -17,6 +19,8 @@ from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets import ModelExplorer
 from tfbook.widgets.explorer import (
     FONT_PX,
+    box_hooks,
+    box_texts,
     cut_note,
     explorer_layout,
     sizes,
@@ -95,6 +99,110 @@ def test_hooks_take_every_boxs_tensor(make) -> None:
         assert "pos_emb" not in trace and torch.equal(trace["embed"], trace["tok_emb"])
         assert trace["blocks.0.attn.k"].shape == (T, 2 * n["D"])
         assert trace["blocks.0.ff.hidden"].shape == (T, 96)  # SwiGLU: act(gate) * up
+
+
+def box_dependencies(model: GPT, ids: list[int]) -> tuple[set, dict]:
+    """Which box's tensor was computed directly from which, read from autograd's record of
+    one forward pass (every tensor made from a parameter remembers the operation that made
+    it and that operation's inputs): the pairs (A, B) where B's graph reaches A's tensor
+    without passing another box's. Boxes are named by their vertex (tensor); two keys of one
+    tensor (RoPE's x^(0) is the token embedding itself) share it. Returns the dependencies
+    between vertices and {key: vertex}."""
+    tensors = {}
+    with torch.enable_grad(), box_hooks(model, tensors.__setitem__):
+        model(torch.tensor([ids]), need_weights=True)
+    vertex = {key: t.grad_fn for key, t in tensors.items()}
+    assert all(v is not None for v in vertex.values())  # every box is in the graph
+
+    def inputs(fn) -> list:
+        return [f for f, _ in fn.next_functions if f is not None]
+
+    if "pos_emb" in vertex:  # the box shows rows of P: its vertex is the parameter itself
+        todo, seen = [vertex["embed"]], set()
+        while todo:
+            fn = todo.pop()
+            if getattr(fn, "variable", None) is model.pos_emb.weight:
+                vertex["pos_emb"] = fn
+                break
+            seen.add(fn)
+            todo += [f for f in inputs(fn) if f not in seen]
+    shown = set(vertex.values())
+    dependencies = set()
+    for result in shown:
+        todo, seen = inputs(result), set()
+        while todo:
+            fn = todo.pop()
+            if fn in seen:
+                continue
+            seen.add(fn)
+            if fn in shown:
+                dependencies.add((fn, result))  # a box: the path stops here
+            else:
+                todo += inputs(fn)
+    return dependencies, vertex
+
+
+@pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
+def test_every_arrow_is_a_data_dependency_and_every_dependency_is_drawn(make) -> None:
+    """The diagram's arrows (explorer_layout's edges, which explorer.js draws one by one) are
+    exactly the dependencies between the boxes' tensors in the traced forward pass: norm 1
+    feeds q, k and v; q and k the weights; the weights and v the attention output; each norm
+    reads the stream, and each circle adds a sub-layer's output to the stream before it."""
+    model = make()
+    dependencies, vertex = box_dependencies(model, BYTES.encode_ordinary("the cat sat."))
+    edges = explorer_layout(model.config)["edges"]
+    drawn = {(vertex[a], vertex[b]) for a, b in edges if vertex[a] is not vertex[b]}
+    name = {v: k for k, v in reversed(list(vertex.items()))}  # a vertex's first key
+    wrong = {(name[a], name[b]) for a, b in drawn - dependencies}
+    missing = {(name[a], name[b]) for a, b in dependencies - drawn}
+    assert not wrong and not missing, (wrong, missing)
+    p = "blocks.0."
+    for sources, result in [(["norm1"], "attn.q"), (["norm1"], "attn.k"), (["norm1"], "attn.v"),
+                            (["attn.q", "attn.k"], "attn.weights"),
+                            (["attn.weights", "attn.v"], "attn")]:
+        assert {a for a, b in edges if b == p + result} == {p + s for s in sources}
+    assert len(dependencies) >= 10 * model.config.n_layers  # the check has something to hold
+
+
+def test_the_check_finds_a_wrong_wiring() -> None:
+    """The old drawing (norm 1 -> q -> ... v -> weights, no arrow into k or v) fails."""
+    model = gpt()
+    dependencies, vertex = box_dependencies(model, BYTES.encode_ordinary("abc"))
+    p = "blocks.0."
+    old = [(p + "norm1", p + "attn.q"), (p + "attn.v", p + "attn.weights")]
+    assert (vertex[old[0][0]], vertex[old[0][1]]) in dependencies
+    assert (vertex[old[1][0]], vertex[old[1][1]]) not in dependencies  # v is not read there
+    assert (vertex[p + "norm1"], vertex[p + "attn.v"]) in dependencies
+
+
+def test_the_diagram_fits_a_phone_and_names_each_box_with_its_block() -> None:
+    """q, k and v stacked: the diagram of the trained GPT's shape and of SmolLM2's fits the
+    358 px of a phone's column, so it never scrolls sideways past the stream. Every box has
+    a name with its block, an explanation and a formula whose markup is balanced."""
+    smol_like = replace(tiny_llama(), n_layers=30, d_model=576, n_heads=9, n_kv_heads=3,
+                        d_ff=1536, vocab_size=49152, max_len=8192)
+    for config in (replace(GPTConfig.tiny(), vocab_size=2048), smol_like):
+        layout = explorer_layout(config)
+        assert layout["width"] <= 358, layout["width"]
+        boxes = {b["key"]: b for b in layout["boxes"]}
+        q, k, v = (boxes[f"blocks.1.attn.{x}"] for x in "qkv")
+        assert q["x"] == k["x"] == v["x"] and q["y"] < k["y"] < v["y"]  # one column
+        assert q["name"] == "block 1, q"
+        for b in layout["boxes"]:
+            assert b["about"] and b["formula"] and b["colour"].startswith("#")
+            if b["layer"] >= 0:
+                assert b["name"].startswith(f"block {b['layer']}, "), b
+            plain = re.sub(r"[_^]\{[^{}]*\}", "", b["formula"])
+            assert "{" not in plain and "}" not in plain and "_" not in plain, b["formula"]
+        names = [b["name"] for b in layout["boxes"]]
+        assert len(set(names)) == len(names)  # a screen reader tells every box apart
+    assert box_texts("blocks.2.attn.k", smol_like)["formula"] == "K = X W_{K}^{g(h)}"
+    assert "RMSNorm" in box_texts("norm_f", smol_like)["formula"]
+    assert box_texts("blocks.0.ff.hidden", smol_like)["formula"] == "SiLU(X W_{gate}) ⊙ (X W_{1})"
+    with pytest.raises(ValueError, match="unknown box 'blocks.0.nowhere'"):
+        box_texts("blocks.0.nowhere", smol_like)
+    with pytest.raises(TypeError, match="key must be a box's key"):
+        box_texts(3, smol_like)
 
 
 def test_stream_norms_and_top_tokens() -> None:

@@ -28,17 +28,18 @@ the code's keys): x^(0) the embedding, x^(l+1) the stream after block l.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import traitlets
 from torch import Tensor
 
-from tfbook.diagrams.svg import text_width
+from tfbook.diagrams.svg import COLOURS, text_width
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.tokenizers.base import Tokenizer
-from tfbook.widgets.base import Widget, _text_to_page, bundle, check_typed, page_text
+from tfbook.widgets.base import STATIC, Widget, _text_to_page, bundle, check_typed, page_text
 from tfbook.widgets.page_model import (
     check_dtype,
     gpt_js_script_safe,
@@ -51,7 +52,10 @@ from tfbook.widgets.page_model import (
 MAX_TEXT_CHARS = 2000  # what the text box takes
 TOP_N = 10  # next tokens listed for the logits box
 
-# the stages of one block, left to right: (key suffix, label, symbolic shape, kind)
+# the stages of one block: (key suffix, label, symbolic shape, kind). The attention row reads
+# norm 1, then q, k and v side by side in one column (each computed from norm 1's output),
+# the weights from q and k, and the attention output from the weights and v; the FFN row
+# reads left to right.
 ATTENTION_ROW = [
     ("norm1", "norm 1", ("T", "C"), "norm"),
     ("attn.q", "q", ("T", "D"), "head"),
@@ -70,9 +74,17 @@ LINE = 15  # px between the baselines of a box's name and its shape label (12 px
 BOX_HEIGHT = 2 * LINE + 6  # a name and a shape label, 3 px above and below
 ROW_GAP = 14
 STREAM_X = 16  # the residual stream: a vertical line the sub-layers add to
-GAP = 6  # between boxes (2 between q, k and v: one group)
+FIRST_X = STREAM_X + 22  # the left edge of every row's first box
+GAP = 8  # between the boxes of a row
+FORK_GAP = 14  # between a norm and q, k, v: room for the fork of its three arrows
+STACK_GAP = 4  # between q, k and v, one above the other
 PAD = 8  # a box is wider than the estimate of its widest text by this much
 T_LABEL = 99  # shape labels are sized for T up to 99 (explorer.js narrows a longer one)
+# the book's diagrams' colour for each concept (tfbook.diagrams.svg.COLOURS): embeddings,
+# norms, attention, FFN, the output head, the stream
+KIND_COLOUR = {"embed": "embed", "stream": "stream", "norm": "norm", "head": "attn",
+               "weights": "attn", "linear": "attn", "hidden": "ffn", "logits": "head"}
+ACTIVATION_NAME = {"relu": "ReLU", "gelu": "GELU", "gelu_tanh": "GELU", "silu": "SiLU"}
 
 
 def superscript(n: int) -> str:
@@ -121,12 +133,102 @@ def sizes(config: GPTConfig) -> dict[str, int]:
             "L": config.n_layers, "T_max": config.max_len}
 
 
+def box_texts(key: str, config: GPTConfig) -> dict[str, str]:
+    """What the panel says about a box: its accessible name (with its block, "block 16, q"),
+    a one-line explanation, and its formula in the book's notation, written with _{...} for
+    a subscript and ^{...} for a superscript (explorer.js draws them as <sub> and <sup>).
+    Blocks and heads are counted from 0, as in the code's keys."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a box's key (str), got {type(key).__name__}")
+    layer, suffix = -1, key
+    if key.startswith("blocks."):
+        _, number, suffix = key.split(".", 2)
+        layer = int(number)
+    l = layer  # noqa: E741 (the book's letter for a block)
+    norm = "LN" if config.norm == "layer" else "RMSNorm"
+    norm_formula = ("γ ⊙ (x − μ) / √(σ^{2} + ε) + β" if config.norm == "layer"
+                    else "γ ⊙ x / √(mean(x^{2}) + ε)")
+    rope = config.position == "rope"
+    bias = " + b" if config.bias else ""
+    grouped = (config.n_kv_heads or config.n_heads) != config.n_heads
+    kv = "^{g(h)}" if grouped else "^{h}"
+    act = ACTIVATION_NAME.get(config.activation, config.activation)
+    x_in = f"x^{{({l})}}"  # the stream entering block l
+    texts = {
+        "tok_emb": ("token embedding",
+                    "the row of the embedding matrix E for each token v of the text",
+                    "E_{v}, a row of E, (V, C)"),
+        "pos_emb": ("position embedding", "a learned vector for each position t",
+                    "P_{t}, a row of P, (T_{max}, C)"),
+        "embed": ("the stream's start, x⁽⁰⁾",
+                  "the residual stream starts here: every sub-layer adds to it"
+                  + (" (RoPE brings the positions in inside attention)" if rope else ""),
+                  "x^{(0)}_{t} = E_{v}" + ("" if rope else " + P_{t}")),
+        "norm1": (f"block {l}, norm 1", f"block {l}'s attention reads the stream through "
+                  f"this {'layer' if config.norm == 'layer' else 'RMS'} norm",
+                  f"X = {norm}({x_in}), {norm}(x) = {norm_formula}"),
+        "attn.q": (f"block {l}, q", "head h's queries: what each token looks for"
+                   + (" (before RoPE rotates them)" if rope else ""),
+                   "Q^{h} = X W_{Q}^{h}, X = norm 1's output"),
+        "attn.k": (f"block {l}, k", "the keys: what each token offers to the queries"
+                   + (" (before RoPE rotates them)" if rope else "")
+                   + ("; query head h reads key head g(h) = ⌊h / n⌋, n query heads to a key "
+                      "head" if grouped else ""),
+                   f"K = X W_{{K}}{kv}"),
+        "attn.v": (f"block {l}, v", "the values: what each token hands to the tokens that "
+                   "read it" + ("; shared like the keys" if grouped else ""),
+                   f"V = X W_{{V}}{kv}"),
+        "attn.weights": (f"block {l}, weights", "head h's attention weights: row t is how "
+                         "token t spreads its reading over the tokens up to t (each row "
+                         "sums to 1)", "A = softmax(Q K^{⊤} / √D + log M), M causal"),
+        "attn": (f"block {l}, attn out", "every head's A V side by side, projected back to "
+                 "the width C: what attention adds to the stream",
+                 "[A^{0}V^{0}, …, A^{H−1}V^{H−1}] W_{O}" + bias),
+        "resid1": (f"block {l}, stream after attention",
+                   f"the stream after block {l}'s attention added its output",
+                   f"x^{{({l})}}+a = {x_in} + attn out"),
+        "norm2": (f"block {l}, norm 2", f"block {l}'s FFN reads the stream through this norm",
+                  f"X = {norm}(x^{{({l})}}+a)"),
+        "ff.hidden": (f"block {l}, FFN hidden",
+                      f"the FFN's F hidden units, after the {act}"
+                      + (" (its tanh form)" if config.activation == "gelu_tanh" else "")
+                      + (" gate" if config.ffn == "swiglu" else ""),
+                      f"{act}(X W_{{gate}}) ⊙ (X W_{{1}})" if config.ffn == "swiglu"
+                      else f"{act}(X W_{{1}}{' + b_{1}' if config.bias else ''})"),
+        "ff": (f"block {l}, FFN out", "the FFN's output, back to the width C: what it adds "
+               "to the stream", f"FFN hidden · W_{{2}}{' + b_{2}' if config.bias else ''}"),
+        "resid2": (f"block {l}, stream after the FFN",
+                   f"the stream after block {l}'s FFN added its output: block {l + 1} "
+                   "reads it" if l + 1 < config.n_layers else
+                   f"the stream after the last block, {l}: the final norm reads it",
+                   f"x^{{({l + 1})}} = x^{{({l})}}+a + FFN out"),
+        "norm_f": ("final norm", "the last block's stream normalised: the vectors h that the "
+                   "output layer scores",
+                   f"h = {norm}(x^{{({config.n_layers})}})"),
+        "logits": ("logits", "a score for every token of the vocabulary: the softmax of a "
+                   "row is the next token's distribution",
+                   "ℓ = h E^{⊤} (the output layer is E)" if config.tie_weights
+                   else "ℓ = h W_{out}"),
+    }
+    if suffix not in texts:
+        raise ValueError(f"unknown box {key!r:.60}")
+    name, about, formula = texts[suffix]
+    return {"name": name, "about": about, "formula": formula}
+
+
 def explorer_layout(config: GPTConfig) -> dict[str, Any]:
     """The diagram of a decoder as boxes and arrows, coordinates computed from the config.
 
     The residual stream is a vertical line at the left; every block is two rows (attention,
     then FFN) that read the stream through a norm and add back to it at a circle (resid1,
-    resid2). Each box: {key, label, shape (symbolic dims), kind, x, y, w, h, layer}.
+    resid2). In the attention row, norm 1 feeds q, k and v, stacked in one column; q and k
+    feed the weights, and the weights and v the attention output. Each box: {key, label,
+    shape (symbolic dims), kind, colour, x, y, w, h, layer, name, about, formula}.
+
+    `edges` lists every arrow as [source, result], each a data dependency of the forward pass
+    (the tests hold them against the traced computation): a sub-layer's output into its
+    circle, a norm reading the stream ([stream state, norm]), and the stream's own segments
+    ([state, next state]), which the vertical line draws.
     """
     n = sizes(config)
     learned = config.position == "learned"
@@ -134,50 +236,73 @@ def explorer_layout(config: GPTConfig) -> dict[str, Any]:
     edges: list[list[str]] = []
 
     def box(key: str, label: str, shape: Sequence[str], kind: str, x: float, y: float,
-            w: float, layer: int = -1) -> None:
+            w: float, layer: int = -1, h: float = BOX_HEIGHT) -> None:
         boxes.append({"key": key, "label": label, "shape": list(shape), "kind": kind,
-                      "x": x, "y": y, "w": w, "h": BOX_HEIGHT, "layer": layer})
+                      "colour": COLOURS[KIND_COLOUR[kind]], "x": x, "y": y, "w": w, "h": h,
+                      "layer": layer, **box_texts(key, config)})
 
     y = 0
-    x = STREAM_X + 24
     w = box_width("token embedding", ("T", "C"), n)
-    box("tok_emb", "token embedding", ("T", "C"), "embed", x, y, w)
+    box("tok_emb", "token embedding", ("T", "C"), "embed", FIRST_X, y, w)
     if learned:
-        box("pos_emb", "position", ("T", "C"), "embed", x + w + 8, y,
+        box("pos_emb", "position", ("T", "C"), "embed", FIRST_X + w + GAP, y,
             box_width("position", ("T", "C"), n))
         edges.append(["pos_emb", "embed"])
     edges.append(["tok_emb", "embed"])
     y += BOX_HEIGHT + ROW_GAP
     box("embed", "x⁽⁰⁾ = embedding" + (" + position" if learned else ""), ("T", "C"),
         "stream", STREAM_X - 12, y, 24)
-    # one width a stage, the same in every block, so that the columns line up
+    # one width a stage, the same in every block, so that the columns line up; q, k and v
+    # share a column
     widths = {suffix: box_width(label, shape, n) for suffix, label, shape, _ in ATTENTION_ROW
               + FFN_ROW}
+    qkv = max(widths["attn.q"], widths["attn.k"], widths["attn.v"])
     y += BOX_HEIGHT + ROW_GAP
+    stream = "embed"  # the stream's latest state
+    step = BOX_HEIGHT + STACK_GAP
     for layer in range(config.n_layers):
-        for row, resid in ((ATTENTION_ROW, "resid1"), (FFN_ROW, "resid2")):
-            x = STREAM_X + 24
-            previous = None
-            for suffix, label, shape, kind in row:
-                key = f"blocks.{layer}.{suffix}"
-                box(key, label, shape, kind, x, y, widths[suffix], layer)
-                if previous and suffix not in ("attn.k", "attn.v"):
-                    edges.append([previous, key])
-                if suffix not in ("attn.q", "attn.k"):
-                    previous = key
-                x += widths[suffix] + (2 if suffix in ("attn.q", "attn.k") else GAP)
-            edges.append([previous, f"blocks.{layer}.{resid}"])
-            y += BOX_HEIGHT + 4
-            label = (f"x{superscript(layer)} + block {layer}'s attention" if resid == "resid1"
-                     else f"x{superscript(layer + 1)} = … + block {layer}'s FFN")
-            box(f"blocks.{layer}.{resid}", label, ("T", "C"), "stream", STREAM_X - 12, y, 24,
-                layer)
-            y += BOX_HEIGHT + ROW_GAP
-    x = STREAM_X + 24
+        p = f"blocks.{layer}."
+        # attention: norm 1 level with k; q, k, v one above the other; the weights as tall
+        # as q and k, the output as tall as all three
+        x = FIRST_X
+        box(p + "norm1", "norm 1", ("T", "C"), "norm", x, y + step, widths["norm1"], layer)
+        x += widths["norm1"] + FORK_GAP
+        for i, (suffix, label) in enumerate((("attn.q", "q"), ("attn.k", "k"),
+                                             ("attn.v", "v"))):
+            box(p + suffix, label, ("T", "D"), "head", x, y + i * step, qkv, layer)
+        x += qkv + GAP
+        box(p + "attn.weights", "weights", ("T", "T"), "weights", x, y,
+            widths["attn.weights"], layer, h=step + BOX_HEIGHT)
+        x += widths["attn.weights"] + GAP
+        box(p + "attn", "attn out", ("T", "C"), "linear", x, y, widths["attn"], layer,
+            h=2 * step + BOX_HEIGHT)
+        edges += [[stream, p + "norm1"], [p + "norm1", p + "attn.q"],
+                  [p + "norm1", p + "attn.k"], [p + "norm1", p + "attn.v"],
+                  [p + "attn.q", p + "attn.weights"], [p + "attn.k", p + "attn.weights"],
+                  [p + "attn.weights", p + "attn"], [p + "attn.v", p + "attn"],
+                  [p + "attn", p + "resid1"], [stream, p + "resid1"]]
+        y += 2 * step + BOX_HEIGHT + 4
+        box(p + "resid1", f"x{superscript(layer)} + block {layer}'s attention", ("T", "C"),
+            "stream", STREAM_X - 12, y, 24, layer)
+        y += BOX_HEIGHT + ROW_GAP
+        # the FFN, left to right
+        x = FIRST_X
+        for suffix, label, shape, kind in FFN_ROW:
+            box(p + suffix, label, shape, kind, x, y, widths[suffix], layer)
+            x += widths[suffix] + GAP
+        edges += [[p + "resid1", p + "norm2"], [p + "norm2", p + "ff.hidden"],
+                  [p + "ff.hidden", p + "ff"], [p + "ff", p + "resid2"],
+                  [p + "resid1", p + "resid2"]]
+        y += BOX_HEIGHT + 4
+        box(p + "resid2", f"x{superscript(layer + 1)} = … + block {layer}'s FFN", ("T", "C"),
+            "stream", STREAM_X - 12, y, 24, layer)
+        stream = p + "resid2"
+        y += BOX_HEIGHT + ROW_GAP
     w = box_width("final norm", ("T", "C"), n)
-    box("norm_f", "final norm", ("T", "C"), "norm", x, y, w)
-    box("logits", "logits", ("T", "V"), "logits", x + w + 8, y, box_width("logits", ("T", "V"), n))
-    edges.append(["norm_f", "logits"])
+    box("norm_f", "final norm", ("T", "C"), "norm", FIRST_X, y, w)
+    box("logits", "logits", ("T", "V"), "logits", FIRST_X + w + GAP, y,
+        box_width("logits", ("T", "V"), n))
+    edges += [[stream, "norm_f"], ["norm_f", "logits"]]
     # a stream's name and shape are written right of its circle (explorer.js: from x + 18)
     width = max(max(b["x"] + b["w"] for b in boxes),
                 max(STREAM_X + 18 + text_width(b["label"], FONT_PX) for b in boxes
@@ -194,11 +319,7 @@ def stream_keys(n_layers: int) -> list[str]:
     return keys
 
 
-@torch.no_grad()
-def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
-    """One forward pass of `model` on `ids` (B = 1), every box's tensor taken by forward
-    hooks on the real modules: key -> float32 tensor without the batch dimension."""
-    model = _check_decoder(model)
+def _check_ids(model: GPT, ids: Sequence[int]) -> list[int]:
     if isinstance(ids, Tensor):
         ids = ids.tolist()
     if (isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or not ids
@@ -207,10 +328,15 @@ def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
     if len(ids) > model.config.max_len:
         raise ValueError(f"{len(ids)} tokens exceed the model's context of "
                          f"{model.config.max_len}: keep the last {model.config.max_len}")
-    out: dict[str, Tensor] = {}
+    return list(ids)
 
-    def keep(key: str, tensor: Tensor) -> None:
-        out[key] = tensor.detach()[0].float().cpu()  # drop B = 1
+
+@contextmanager
+def box_hooks(model: GPT, keep: Callable[[str, Tensor], None]) -> Iterator[None]:
+    """Forward hooks on every module the diagram draws, for the `with` block: each forward
+    pass calls keep(box key, tensor) with each box's tensor as the model computed it (batch
+    dimension included). The position box is the table's rows P[positions] (B = 1)."""
+    model = _check_decoder(model)
 
     def after(key: str, pick=lambda output: output):
         return lambda _m, _args, output: keep(key, pick(output))
@@ -221,8 +347,7 @@ def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
     def positions_hook(module, args, output):
         positions = args[1] if len(args) > 1 and args[1] is not None else torch.arange(
             args[0].shape[1])
-        out["pos_emb"] = module.weight[positions].detach().float().cpu().reshape(
-            output.shape[1:])
+        keep("pos_emb", module.weight[positions].reshape(output.shape[1:])[None])
         keep("embed", output)
 
     hooks = [(model.tok_emb, after("tok_emb"))]
@@ -248,14 +373,31 @@ def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
         ]
     hooks += [(model.norm_f, after("norm_f")), (model.lm_head, after("logits"))]
     handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def trace_decoder(model: GPT, ids: Sequence[int]) -> dict[str, Tensor]:
+    """One forward pass of `model` on `ids` (B = 1), every box's tensor taken by forward
+    hooks on the real modules: key -> float32 tensor without the batch dimension."""
+    model = _check_decoder(model)
+    ids = _check_ids(model, ids)
+    out: dict[str, Tensor] = {}
+
+    def keep(key: str, tensor: Tensor) -> None:
+        out[key] = tensor.detach()[0].float().cpu()  # drop B = 1
+
     was_training = model.training
     model.eval()
     try:
-        model(torch.tensor([list(ids)]), need_weights=True)
+        with box_hooks(model, keep):
+            model(torch.tensor([ids]), need_weights=True)
     finally:
         model.train(was_training)
-        for handle in handles:
-            handle.remove()
     return out
 
 
@@ -309,7 +451,9 @@ class ModelExplorer(Widget):
     click asks Python for another box (Jupyter), and the static page shows the saved one.
     """
 
-    _esm = gpt_js_script_safe() + "\n" + bundle("explorer.js")
+    # the token widgets' drawing of a token (tokenspans.js), the page's GPT, the explorer
+    _esm = "\n".join([bundle("tokenspans.js"), gpt_js_script_safe(),
+                      (STATIC / "explorer.js").read_text(encoding="utf-8")])
 
     diagram = traitlets.Dict().tag(sync=True)  # explorer_layout(config)
     page_model = traitlets.Unicode("").tag(sync=True)  # payload_json of a GPT, or ""
@@ -419,5 +563,6 @@ class ModelExplorer(Widget):
                       "data": data}
 
 
-__all__ = ["ModelExplorer", "cut_note", "explorer_layout", "stream_label", "stream_norms",
-           "top_next_tokens", "trace_decoder", "sizes", "stream_keys"]
+__all__ = ["ModelExplorer", "box_hooks", "box_texts", "cut_note", "explorer_layout",
+           "stream_label", "stream_norms", "top_next_tokens", "trace_decoder", "sizes",
+           "stream_keys"]
