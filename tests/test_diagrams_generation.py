@@ -93,3 +93,33 @@ def test_panels_fit_a_phone_column() -> None:
     for svg, _ in d._panels:
         narrowest = float(re.search(r"min-width:([\d.]+)px", svg).group(1))
         assert narrowest <= 350, (svg[:120], narrowest)
+
+
+def test_queries_and_new_keys_both_come_from_x_and_cached_keys_are_told_apart() -> None:
+    """The arrows are the two passes' dependencies: X -> Q and X -> K, V side by side (the
+    queries make no keys), the new keys into the cache, the cache's keys and the queries into
+    the weights; the decode step's cache shows its held positions apart from the new one."""
+    import xml.etree.ElementTree as ET
+
+    from tests.diagram_helpers import SVG
+
+    d = kv_cache(model(), PROMPT)
+    assert d.wired
+    for p in ("prefill.", "decode."):
+        a = f"{p}blocks.0.attn"
+        assert (f"{p}{a}:x", f"{p}{a}.q") in d.edges and (f"{p}{a}:x", f"{p}{a}.k") in d.edges
+        assert (f"{p}{a}.k", f"{p}{a}.keys") in d.edges
+        assert (f"{p}{a}.keys", f"{p}{a}.weights") in d.edges
+        assert not any(src.endswith(".q") and dst.endswith((".k", ".v", ".keys"))
+                       for src, dst in d.edges)
+    texts = svg_texts(d.svg)
+    T0 = PROMPT.size(1)
+    assert f"cache: {T0} new" in texts and f"cache: {T0} held + 1 new" in texts
+    # one cell per stored key and value: this pass's tinted like the new keys, the held ones not
+    svgs = [svg for svg, _ in d._panels]
+    new_tint = "fill:#e07b24"
+    for svg, new, held in ((svgs[0], T0, 0), (svgs[1], 1, T0)):
+        cells = [r for r in ET.fromstring(svg).iter(f"{SVG}rect")
+                 if r.get("rx") == "1" and r.get("width") == r.get("height")]
+        assert len(cells) == 2 * (new + held)
+        assert sum(new_tint in r.get("style", "") for r in cells) == 2 * new

@@ -12,16 +12,19 @@ Nothing is typed: another config (more layers, fewer key/value heads) gives anot
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from tfbook.diagrams._shared import heading, note
+from tfbook.diagrams.dataflow import Dataflow, Recorder
 from tfbook.diagrams.diagram import Diagram
-from tfbook.diagrams.layout import GAP, Node, Rect, column, draw, hstack, shape_label
+from tfbook.diagrams.layout import GAP, Node, Rect, column, draw, hstack, row, shape_label
 from tfbook.diagrams.svg import SMALL, Canvas
 
+PREFILL, DECODE = "prefill.", "decode."  # the two passes' names in the dataflow
+ATTN = "blocks.0.attn"  # the attention drawn: block 0's (blocks count from 0, as in the code)
 QUERY = ("B", "H", "T", "D")
 NEW_KV = ("B", "H_kv", "T", "D")
 STORED = ("B", "H_kv", "S", "D")
@@ -39,8 +42,10 @@ class AttentionShapes:
     n_kv_heads: int  # H_kv
 
 
-def _run_hooked(model: nn.Module, ids: Tensor, cache: object) -> tuple[AttentionShapes, tuple]:
-    """model(ids, cache=cache) with hooks on block 0's attention; -> its shapes, logits'."""
+def _run_hooked(model: nn.Module, ids: Tensor, cache: object,
+                rec: Recorder) -> tuple[AttentionShapes, tuple, tuple]:
+    """model(ids, cache=cache) with hooks on block 0's attention, recorded by `rec`; -> its
+    shapes, the logits' shape and the attention input's."""
     attn = model.blocks[0].attn
     H, H_kv, D = attn.n_heads, attn.n_kv_heads, attn.head_size
     seen: dict[str, tuple[int, ...]] = {}
@@ -50,11 +55,15 @@ def _run_hooked(model: nn.Module, ids: Tensor, cache: object) -> tuple[Attention
             seen[name] = tuple(output[1].shape) if name == "weights" else tuple(output.shape)
         return hook
 
+    def keep_input(module: nn.Module, args: tuple) -> None:
+        seen["x"] = tuple(args[0].shape)
+
     handles = [attn.q_proj.register_forward_hook(keep("q")),
                attn.k_proj.register_forward_hook(keep("k")),
-               attn.register_forward_hook(keep("weights"))]
+               attn.register_forward_hook(keep("weights")),
+               attn.register_forward_pre_hook(keep_input)]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), rec:
             logits = model(ids, cache=cache, need_weights=True).logits
     finally:
         for handle in handles:
@@ -65,7 +74,7 @@ def _run_hooked(model: nn.Module, ids: Tensor, cache: object) -> tuple[Attention
                              seen["weights"], H, H_kv)
     if shapes.q[-1] != D:
         raise RuntimeError(f"queries of size {shapes.q[-1]}, the module says D = {D}")
-    return shapes, tuple(logits.shape)
+    return shapes, tuple(logits.shape), seen["x"]
 
 
 @dataclass(frozen=True)
@@ -76,17 +85,21 @@ class CacheStep:
     attention: AttentionShapes  # layer 0: q (B, H, T, D), new k (B, H_kv, T, D), weights
     stored: tuple[int, ...]  # (B, H_kv, S, D): keys (and values) stored per layer after it
     logits: tuple[int, ...]  # (B, T, V)
+    x: tuple[int, ...] = ()  # (B, T, C): block 0's attention input (its norm's output)
+    cached: int = 0  # positions the cache held before this pass
 
 
 @dataclass(frozen=True)
 class CacheTrace:
-    """Prefill then one decode step of a real model through one KVCache."""
+    """Prefill then one decode step of a real model through one KVCache; `flow` records
+    which tensor was computed from which in both passes ("prefill." and "decode." names)."""
 
     prefill: CacheStep
     decode: CacheStep
     n_layers: int  # L: one LayerCache per block
     bytes_per_number: int  # element size of the stored tensors
     memory_bytes: int  # cache.memory_bytes() after the decode step
+    flow: Dataflow | None = field(default=None, compare=False, repr=False)
 
 
 def _stored(cache: object) -> tuple[int, ...]:
@@ -107,14 +120,21 @@ def trace_cache(model: nn.Module, prompt: Tensor) -> CacheTrace:
         raise ValueError("prompt must be a (B, T0) tensor of token ids with T0 >= 1, got "
                          f"{tuple(prompt.shape) if isinstance(prompt, Tensor) else prompt!r:.60}")
     cache = model.new_cache(prompt.size(1) + 1)
-    at, logits = _run_hooked(model, prompt, cache)
-    pre = CacheStep(tuple(prompt.shape), at, _stored(cache), logits)
+    rec = Recorder(model)
+    rec.prefix = PREFILL
+    at, logits, x = _run_hooked(model, prompt, cache, rec)
+    pre = CacheStep(tuple(prompt.shape), at, _stored(cache), logits, x, 0)
     with torch.no_grad():  # the greedy next token, from a pass without the cache
         next_id = model(prompt).logits[:, -1:].argmax(-1)  # (B, 1)
-    at, logits = _run_hooked(model, next_id, cache)
-    dec = CacheStep(tuple(next_id.shape), at, _stored(cache), logits)
+    rec.prefix = DECODE  # what the cache holds now, named before the step reads it
+    layer = cache.layers[0]
+    rec.name(layer.keys, "cached_keys")
+    rec.name(layer.values, "cached_values")
+    held = layer.length
+    at, logits, x = _run_hooked(model, next_id, cache, rec)
+    dec = CacheStep(tuple(next_id.shape), at, _stored(cache), logits, x, held)
     return CacheTrace(pre, dec, len(cache.layers), cache.layers[0].keys.element_size(),
-                      cache.memory_bytes())
+                      cache.memory_bytes(), rec.flow)
 
 
 def _causal_cells(rows: int, cols: int) -> list[list[float]]:
@@ -122,29 +142,84 @@ def _causal_cells(rows: int, cols: int) -> list[list[float]]:
     return [[1.0 if j <= cols - rows + i else 0.0 for j in range(cols)] for i in range(rows)]
 
 
-def _step_canvas(step: CacheStep, title: str, first: bool) -> Canvas:
+def _strip(c: Canvas, x: float, y: float, held: int, total: int, cell: float,
+           label: str) -> None:
+    """One row of stored positions: the `held` ones from earlier passes, then the new ones."""
+    c.text(x - 6, y + cell / 2 + 4.5, label, SMALL, anchor="end")
+    for j in range(total):
+        new = j >= held
+        c.box(x + j * cell, y, cell, cell, "ffn" if new else "stream", radius=1)
+
+
+def _step_canvas(step: CacheStep, title: str, flow: Dataflow | None, prefix: str) -> Canvas:
+    """One pass through block 0's attention: the ids, the attention's input X, the queries
+    and the new keys and values side by side (both computed from X), the cache after the pass
+    (held positions and new ones told apart), and the weights of the queries over its keys."""
     at = step.attention
+    name = lambda part: f"{prefix}{ATTN}{part}"  # noqa: E731
+    first = step.cached == 0
     c = Canvas(title)
     y = heading(c, title, 0, 0, anchor="middle")
-    what = "the whole prompt" if first else "only the new token"
-    nodes = [Node("token ids", step.ids, ("B", "T"), key="ids", note=what),
-             Node("queries Q (block 0)", at.q, QUERY, "attn", "q"),
-             Node("new keys and values", at.k, NEW_KV, "attn", "k",
-                  note="computed once, then stored"),
-             Node("cache after the pass", step.stored, STORED, "stream", "stored",
-                  note="per layer, keys and values each")]
-    rects = column(c, nodes, 0, y, same_width=True)
-    y = rects[-1].bottom + GAP
-    c.arrow(0, rects[-1].bottom, 0, y)
-    T, S = at.weights[-2], at.weights[-1]
-    cell = max(12.0, min(18.0, 200.0 / max(T, S)))
-    y = heading(c, "weights: queries × keys", 0, y, "middle") - 4
-    c.grid(-S * cell / 2, y, _causal_cells(T, S), cell)
-    y += T * cell + 18
+    ids = Node("token ids", step.ids, ("B", "T"), key="ids", flow=f"{prefix}idx",
+               note="the whole prompt" if first else "only the new token")
+    xs = Node("attention input X", step.x, ("B", "T", "C"), "stream", "x", flow=name(":x"),
+              note="block 0, after its norm")
+    rects = column(c, [ids, xs], 0, y, same_width=True)
+    top = rects[-1]
+    T_new = at.k[2]
+    kv = "new key, value" if T_new == 1 else "new keys, values"
+    q = Node("queries Q" if at.q[2] > 1 else "query Q", at.q, QUERY, "attn", "q",
+             flow=name(".q"), stack=True)
+    k = Node(kv, at.k, NEW_KV, "ffn", "k", flow=name(".k"), stack=True)
+    y = top.bottom + GAP + 6
+    qr, kr = row(c, [q, k], 0, y, gap=10)
+    for r, edge in ((qr, [(xs.flow, q.flow)]), (kr, [(xs.flow, name(".k")),
+                                                     (xs.flow, name(".v"))])):
+        c.line([(0, top.bottom), (0, top.bottom + 12), (r.cx, top.bottom + 12), (r.cx, r.y)],
+               edge=edge)
+    # the cache after the pass: one cell per stored position, held ones and this pass's
+    S = step.stored[2]
+    cell = max(12.0, min(18.0, 150.0 / S))
+    y = kr.bottom + 30
+    x0 = kr.cx - S * cell / 2
+    c.arrow(kr.cx, kr.bottom, kr.cx, y - 4,
+            edge=[(name(".k"), name(".keys")), (name(".v"), name(".values"))])
+    held = step.cached
+    what = f"cache: {held} held + {S - held} new" if held else f"cache: {S} new"
+    note(c, kr.cx, y + 2, what, anchor="middle")
+    y += 10
+    keys_y = y + cell / 2  # the middle of the keys' row
+    _strip(c, x0, y, held, S, cell, "K")
+    _strip(c, x0, y + cell + 4, held, S, cell, "V")
+    y += 2 * cell + 4
+    c.text(kr.cx, y + 16, shape_label(STORED, step.stored).replace(" = ", " =\n").split("\n"),
+           SMALL, mono=True, key="stored", shape=step.stored)
+    y += SMALL * 1.25
+    c.nodes += [name(".values")]
+    # the weights: every query of this pass against every stored key
+    T, S_w = at.weights[-2], at.weights[-1]
+    w_cell = max(12.0, min(18.0, 150.0 / max(T, S_w)))
+    y += 40
+    c.text(0, y, "weights: queries × keys", SMALL + 1, bold=True)
+    y += 8
+    grid_x = -S_w * w_cell / 2
+    c.grid(grid_x, y, _causal_cells(T, S_w), w_cell)
+    if held:  # the keys of earlier passes and this pass's, told apart under the grid
+        for j in range(S_w):
+            c.box(grid_x + j * w_cell + 2, y + T * w_cell + 3, w_cell - 4, 4,
+                  "ffn" if j >= held else "stream", radius=0)
+    mid = y + T * w_cell / 2
+    c.line([(qr.cx, qr.bottom), (qr.cx, mid), (grid_x, mid)], edge=(q.flow, name(".weights")))
+    x_keys = max(x0 + S * cell, grid_x + S_w * w_cell) + 10
+    c.line([(x0 + S * cell, keys_y), (x_keys, keys_y), (x_keys, mid),
+            (grid_x + S_w * w_cell, mid)], edge=(name(".keys"), name(".weights")))
+    y += T * w_cell + 24
     note(c, 0, y, shape_label(WEIGHTS, at.weights), "weights", at.weights, mono=True,
          anchor="middle")
-    note(c, 0, y + 18, f"{T} quer{'y' if T == 1 else 'ies'} × {S} keys", "rows", (T, S),
+    note(c, 0, y + 18, f"{T} quer{'y' if T == 1 else 'ies'} × {S_w} keys", "rows", (T, S_w),
          anchor="middle")
+    if flow is not None:
+        c.check_wiring(flow)
     return c
 
 
@@ -207,8 +282,8 @@ def kv_cache(model: nn.Module, prompt: Tensor) -> Diagram:
         expected *= n
     if expected != ct.memory_bytes:
         raise RuntimeError(f"the cache holds {ct.memory_bytes} bytes, its shape says {expected}")
-    panels = [_step_canvas(ct.prefill, "Prefill: the prompt at once", True),
-              _step_canvas(ct.decode, "Decode: one new token", False),
+    panels = [_step_canvas(ct.prefill, "Prefill: the prompt at once", ct.flow, PREFILL),
+              _step_canvas(ct.decode, "Decode: one new token", ct.flow, DECODE),
               hstack("heads and memory", [_heads_canvas(ct.decode.attention)], 0),
               _memory_canvas(ct)]
     prefixes = ["prefill.", "decode.", "heads.", "memory."]
