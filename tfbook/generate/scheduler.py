@@ -33,9 +33,16 @@ from torch import Tensor, nn
 
 from tfbook.cache import cache_bytes
 from tfbook.config import is_int
-from tfbook.generate.paged import PagedKVCache, blocks_needed, check_count
+from tfbook.generate.paged import (
+    PagedKVCache,
+    blocks_needed,
+    check_count,
+    check_seq,
+    common_prefix,
+)
 from tfbook.generate.sampling import greedy
 from tfbook.generate.search import (
+    as_end_ids,
     as_prompt_ids,
     check_model,
     check_request,
@@ -54,6 +61,7 @@ class Request:
     arrival: int = 0  # the first step at which it may be admitted
     output: list[int] = field(default_factory=list)  # the new tokens so far
     preemptions: int = 0  # times its blocks were taken back
+    reused: int = 0  # positions whose keys it shared from another sequence when last admitted
     logits: list[Tensor] = field(default_factory=list)  # (V,) per new token, if kept
 
     @property
@@ -74,8 +82,10 @@ class StepRecord:
     lengths: dict[Hashable, int]  # positions each one has stored
     finished: list[Hashable]  # retired at this step (their blocks are free again)
     preempted: list[Hashable]  # sent back to the queue before this step
-    used_blocks: int  # blocks held after the step
+    used_blocks: int  # blocks held after the step (a shared block counts once)
     used_bytes: int  # their bytes (keys and values, all layers)
+    shared_blocks: int = 0  # blocks saved by sharing after the step (table entries - blocks)
+    copies: int = 0  # shared, partly filled blocks copied before a write in this step
 
 
 class ContinuousBatcher:
@@ -84,17 +94,25 @@ class ContinuousBatcher:
     def __init__(
         self, model: nn.Module, num_blocks: int, block_size: int, max_batch: int = 8,
         end_ids: int | Sequence[int] = (), pad_id: int = 0, keep_logits: bool = False,
+        share_prefixes: bool = False,
     ) -> None:
         check_model(model, None, True, "ContinuousBatcher")
-        if keep_logits is not True and keep_logits is not False:
-            raise TypeError(f"keep_logits must be True or False, got {keep_logits!r}")
+        for name, flag in (("keep_logits", keep_logits), ("share_prefixes", share_prefixes)):
+            if flag is not True and flag is not False:
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.keep_logits = keep_logits  # keep each request's raw next-token scores
+        # a new request shares the blocks of the longest prefix it has in common with a
+        # running sequence (reference counts, copy-on-write) and computes only the rest
+        self.share_prefixes = share_prefixes
         self.model = model
         self.vocab_size = model_vocab_size(model)
         self.max_batch = check_count("max_batch", max_batch)
-        self.end_ids = [end_ids] if is_int(end_ids) else list(end_ids)
+        self.end_ids = as_end_ids(end_ids)
         check_request(1, 1, model.config.max_len, self.end_ids, self.vocab_size)
-        if not is_int(pad_id) or not 0 <= pad_id < self.vocab_size:
+        if not is_int(pad_id):
+            raise TypeError(f"pad_id must be an int, got {pad_id!r} of type "
+                            f"{type(pad_id).__name__}")
+        if not 0 <= pad_id < self.vocab_size:
             raise ValueError(f"pad_id must be an int in [0, {self.vocab_size}), got {pad_id!r}")
         self.pad_id = int(pad_id)
         self.cache = PagedKVCache.for_model(model, num_blocks, block_size)
@@ -117,6 +135,9 @@ class ContinuousBatcher:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token ids must lie in [0, V={self.vocab_size}), got {bad[0]}")
+        if not is_int(max_new_tokens):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r} of type "
+                            f"{type(max_new_tokens).__name__}")
         check_request(len(ids), max_new_tokens, self.model.config.max_len, self.end_ids,
                       self.vocab_size)
         capacity = self.cache.num_blocks * self.cache.block_size
@@ -125,9 +146,12 @@ class ContinuousBatcher:
                 f"a prompt of {len(ids)} tokens plus max_new_tokens={max_new_tokens} needs "
                 f"{len(ids) + max_new_tokens} positions, more than the whole pool holds "
                 f"({self.cache.num_blocks} blocks x {self.cache.block_size} = {capacity})")
-        if not is_int(arrival) or arrival < 0:
+        if not is_int(arrival):
+            raise TypeError(f"arrival must be an int (a step number), got {arrival!r} of type "
+                            f"{type(arrival).__name__}")
+        if arrival < 0:
             raise ValueError(f"arrival must be a step number >= 0, got {arrival!r}")
-        request_id = row if request_id is None else request_id
+        request_id = row if request_id is None else check_seq(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already taken")
         request = Request(request_id, ids, max_new_tokens, int(arrival))
@@ -140,17 +164,34 @@ class ContinuousBatcher:
         """No request waits or runs."""
         return not self.waiting and not self.running
 
-    def _admit(self) -> list[Request]:
-        """Waiting requests that have arrived, in order, while batch and pool have room."""
-        admitted, free = [], self.cache.allocator.num_free
+    def _prefix_source(self, request: Request) -> tuple[Hashable | None, int]:
+        """The running sequence whose stored tokens begin as `request`'s do for longest ->
+        (its id, positions shared); (None, 0) without sharing. The last token is always
+        computed: its logits give the next token."""
+        if not self.share_prefixes:
+            return None, 0
+        lengths, tokens = self.cache.allocator.lengths, request.tokens[:-1]
+        best, shared = None, 0
+        for other in self.running:  # in the order admitted: the earliest wins a tie
+            n = common_prefix(tokens, other.tokens[:lengths[other.id]])
+            if n > shared:
+                best, shared = other.id, n
+        return best, shared
+
+    def _admit(self) -> list[tuple[Request, Hashable | None, int]]:
+        """Waiting requests that have arrived, in order, while batch and pool have room ->
+        (request, the sequence it shares a prefix with or None, positions shared)."""
+        admitted, free, size = [], self.cache.allocator.num_free, self.cache.block_size
         for request in list(self.waiting):
             if request.arrival > self.now:
                 continue  # not here yet; later arrivals may be
-            need = blocks_needed(len(request.tokens), self.cache.block_size)
+            source, shared = self._prefix_source(request)
+            # whole shared blocks cost nothing; a partly filled one is copied (a new block)
+            need = blocks_needed(len(request.tokens), size) - shared // size
             if len(self.running) + len(admitted) >= self.max_batch or need > free:
                 break  # first come, first served: nobody overtakes the head of the queue
             free -= need
-            admitted.append(request)
+            admitted.append((request, source, shared))
             self.waiting.remove(request)
         return admitted
 
@@ -173,10 +214,14 @@ class ContinuousBatcher:
         alloc, preempted = self.cache.allocator, []
         admitted = self._admit()
         if admitted:
-            batch, kind = admitted, "prefill"
-            for request in admitted:
-                alloc.add(request.id)
-            rows = [(r.id, len(r.tokens)) for r in admitted]  # every known token
+            batch, kind = [r for r, _, _ in admitted], "prefill"
+            for request, source, shared in admitted:
+                if shared:  # the blocks of the common prefix, not a copy of its keys
+                    alloc.share_prefix(request.id, source, shared)
+                else:
+                    alloc.add(request.id)
+                request.reused = shared
+            rows = [(r.id, len(r.tokens) - n) for r, _, n in admitted]  # tokens not shared
         elif self.running:
             preempted = self._preempt_for_decode()
             batch, kind = list(self.running), "decode"
@@ -199,7 +244,7 @@ class ContinuousBatcher:
         logits = out.logits[:, -1]  # (B, V): every row's last column is real
         tokens = greedy(logits).tolist()  # (B,)
         if kind == "prefill":
-            self.running += admitted
+            self.running += batch
         finished = []
         for b, (request, token) in enumerate(zip(batch, tokens, strict=True)):
             request.output.append(token)
@@ -219,7 +264,8 @@ class ContinuousBatcher:
             step=self.now - 1, kind=kind, rows=rows, padded_tokens=padded,
             tables={seq: list(t) for seq, t in alloc.tables.items()},
             lengths=dict(alloc.lengths), finished=finished, preempted=preempted,
-            used_blocks=alloc.num_used, used_bytes=self.cache.memory_bytes())
+            used_blocks=alloc.num_used, used_bytes=self.cache.memory_bytes(),
+            shared_blocks=alloc.num_shared, copies=len(self.cache.copied) if rows else 0)
         self.history.append(record)
         return record
 
@@ -236,41 +282,61 @@ def generate_paged(
     end_ids: int | Sequence[int] = (),
 ) -> list[list[int]]:
     """Greedy continuations of `prompts` by continuous batching -> new tokens per prompt."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-        raise TypeError(f"prompts must be a list of lists of int ids, got "
-                        f"{type(prompts).__name__}")
-    budgets = ([max_new_tokens] * len(prompts) if is_int(max_new_tokens)
-               else list(max_new_tokens))
-    if len(budgets) != len(prompts):
-        raise ValueError(f"one max_new_tokens per prompt: {len(prompts)} prompts, "
-                         f"{len(budgets)} budgets")
+    budgets = _budgets(prompts, max_new_tokens)
     batcher = ContinuousBatcher(model, num_blocks, block_size, max_batch, end_ids)
     ids = [batcher.submit(p, n) for p, n in zip(prompts, budgets, strict=True)]
     outputs = batcher.run()
     return [outputs[i] for i in ids]
 
 
+def _budgets(prompts: object, max_new_tokens: object) -> list[int]:
+    """max_new_tokens as one positive int per prompt, checked: one int for every prompt, or a
+    list with one per prompt."""
+    if isinstance(prompts, (str, bytes, Tensor)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of lists of int ids, got "
+                        f"{type(prompts).__name__}")
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt, got none")
+    if is_int(max_new_tokens):
+        budgets = [max_new_tokens] * len(prompts)
+    elif isinstance(max_new_tokens, (str, bytes)) or not isinstance(max_new_tokens, Sequence):
+        raise TypeError(f"max_new_tokens must be an int or a list of ints (one per prompt), "
+                        f"got {type(max_new_tokens).__name__} {max_new_tokens!r:.40}")
+    else:
+        budgets = list(max_new_tokens)
+    if len(budgets) != len(prompts):
+        raise ValueError(f"one max_new_tokens per prompt: {len(prompts)} prompts, "
+                         f"{len(budgets)} budgets")
+    for row, n in enumerate(budgets):
+        if not is_int(n) or n < 1:
+            raise ValueError(f"max_new_tokens must be positive ints, got {n!r} for prompt {row}")
+    return [int(n) for n in budgets]
+
+
 @torch.no_grad()
 def generate_static(
-    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
+    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
     batch_size: int, end_ids: int | Sequence[int] = (),
 ) -> tuple[list[list[int]], int]:
     """Static batching, the baseline: groups of `batch_size` in order, left-padded, each group
     decoded until its longest request is done -> new tokens per prompt, and the token positions
-    the forward passes computed (B x T per step, padding and finished rows included)."""
+    the forward passes computed (B x T per step, padding and finished rows included).
+    max_new_tokens: one int for every prompt, or one per prompt."""
     check_count("batch_size", batch_size)
+    all_budgets = _budgets(prompts, max_new_tokens)
+    end_ids = as_end_ids(end_ids)
     outputs, computed = [], 0
     for first in range(0, len(prompts), batch_size):
-        group = [list(p) for p in prompts[first:first + batch_size]]
-        budgets = list(max_new_tokens[first:first + batch_size])
+        group = [as_prompt_ids(p, first + k) for k, p in
+                 enumerate(prompts[first:first + batch_size])]
+        budgets = all_budgets[first:first + batch_size]
         result = generate(model, group, max(budgets), end_ids=end_ids)
         B, T = len(group), result.prompt_length
         N = result.new_tokens.size(1)
         computed += B * (T + N - 1)  # the prefill (T columns), then N - 1 one-token steps
         for row, n in enumerate(budgets):
             new = result.new_tokens[row, :n].tolist()
-            ends = [i for i, t in enumerate(new) if t in ([end_ids] if is_int(end_ids)
-                                                           else list(end_ids))]
+            ends = [i for i, t in enumerate(new) if t in end_ids]
             outputs.append(new[:ends[0] + 1] if ends else new)
     return outputs, computed
 
@@ -278,6 +344,9 @@ def generate_static(
 def contiguous_bytes(model: nn.Module, batch_size: int, positions: int) -> int:
     """Bytes of a contiguous cache of `batch_size` rows of `positions` positions (keys and
     values, all layers) for `model`: what static batching holds for a group."""
+    check_model(model, None, True, "contiguous_bytes")
+    check_count("batch_size", batch_size)
+    check_count("positions", positions)
     config = model.config
     weight = next(model.parameters())
     return cache_bytes(config.n_layers, config.n_kv_heads or config.n_heads, config.head_size,

@@ -17,7 +17,7 @@ Shape legend: B batch, T prompt length (padded), N new tokens, S source length, 
 """
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 
 import torch
@@ -227,6 +227,20 @@ def model_vocab_size(model: nn.Module) -> int:
     return getattr(config, "vocab_size", None) or config.tgt_vocab_size
 
 
+def as_end_ids(end_ids: object) -> list[int]:
+    """End token ids as a list: one int, or a sequence (or 1-D tensor) of them. `check_request`
+    then checks each against the vocabulary; a string or None is refused here."""
+    if is_int(end_ids):
+        return [int(end_ids)]
+    if isinstance(end_ids, Tensor) and end_ids.dim() <= 1 and not (
+            end_ids.is_floating_point() or end_ids.is_complex() or end_ids.dtype == torch.bool):
+        return end_ids.reshape(-1).tolist()
+    if isinstance(end_ids, (str, bytes)) or not isinstance(end_ids, Sequence | Set):
+        raise TypeError(f"end_ids must be an int token id or a sequence of them, got "
+                        f"{type(end_ids).__name__} {end_ids!r:.40}")
+    return list(end_ids)
+
+
 def check_request(
     T: int, max_new_tokens: int, max_len: int, end_ids: Sequence[int], vocab_size: int
 ) -> None:
@@ -303,8 +317,10 @@ def generate(
     tokens, replaces temperature, top-k, top-p and min-p (leave those at their defaults): the
     page's sampler (`tfbook.widgets.sampling`) rides on this loop that way.
     """
-    if sliding_window is not True and sliding_window is not False:
-        raise TypeError(f"sliding_window must be True or False, got {sliding_window!r}")
+    for name, flag in (("sliding_window", sliding_window), ("use_cache", use_cache),
+                       ("keep_logits", keep_logits)):
+        if flag is not True and flag is not False:
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     if sliding_window and memory is not None:
         raise ValueError("sliding_window is for decoder-only models; an encoder-decoder's "
                          "decoder (memory=) gets no sliding window")
@@ -313,7 +329,7 @@ def generate(
     V = model_vocab_size(model)
     ids, mask = prompt_batch(prompts, attention_mask, pad_id, V)
     ids, mask = ids.to(next(model.parameters()).device), mask.to(ids.device)
-    end_ids = [end_ids] if is_int(end_ids) else list(end_ids)
+    end_ids = as_end_ids(end_ids)
     max_len = model.config.max_len
     check_request(min(ids.size(1), max_len - 1) if sliding_window else ids.size(1),
                   1 if sliding_window else max_new_tokens, max_len, end_ids, V)

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from tfbook.cache import KVCache
 from tfbook.config import is_int
 from tfbook.generate.sampling import check_sampling, kept_distribution
-from tfbook.generate.search import check_model, check_request, prompt_batch
+from tfbook.generate.search import as_end_ids, check_model, check_request, prompt_batch
 
 
 def _check_count(name: str, value: object, low: int = 1) -> int:
@@ -57,6 +57,7 @@ def prompt_lookup(context: Sequence[int], n: int, max_ngram: int = 2) -> list[in
     prompt_lookup([5, 6, 7, 8, 5, 6], 3) -> [7, 8, 5]  (the bigram 5 6 occurred at 0)
     """
     n, max_ngram = _check_count("n", n), _check_count("max_ngram", max_ngram)
+    context = _context_ids(context)
     L = len(context)
     for size in range(min(max_ngram, L - 1), 0, -1):
         tail = list(context[L - size:])
@@ -64,6 +65,22 @@ def prompt_lookup(context: Sequence[int], n: int, max_ngram: int = 2) -> list[in
             if list(context[start : start + size]) == tail:
                 return list(context[start + size : min(start + size + n, L)])
     return []
+
+
+def _context_ids(context: object) -> list[int]:
+    """The text so far as a list of int ids (a list, or a 1-D integer tensor)."""
+    if isinstance(context, Tensor):
+        if context.dim() != 1 or context.is_floating_point() or context.is_complex() or (
+                context.dtype == torch.bool):
+            raise TypeError(f"context must be token ids (a list of ints or a 1-D integer "
+                            f"tensor), got a {context.dtype} tensor of shape "
+                            f"{tuple(context.shape)}")
+        return context.tolist()
+    if isinstance(context, (str, bytes)) or not isinstance(context, Sequence) or not all(
+            is_int(t) for t in context):
+        raise TypeError(f"context must be token ids (a list of ints or a 1-D integer tensor), "
+                        f"got {type(context).__name__} {context!r:.60}")
+    return list(context)
 
 
 class PromptLookupDraft:
@@ -136,6 +153,10 @@ def early_exit_model(target: nn.Module, n_layers: int) -> nn.Module:
     A model of the target's class whose modules ARE the target's (no weight is copied):
     h_k = blocks_1..k(embed(x)), logits = head(norm_f(h_k)).
     """
+    if not isinstance(target, nn.Module) or not is_int(getattr(getattr(
+            target, "config", None), "n_layers", None)):
+        raise TypeError(f"target must be a tfbook model with config.n_layers (a GPT or a "
+                        f"Llama-style preset), got {type(target).__name__}")
     total = target.config.n_layers
     if not is_int(n_layers):
         raise TypeError(f"n_layers must be an int, got {n_layers!r} of type "
@@ -184,8 +205,34 @@ class EarlyExitDraft(ModelDraft):
 
 # --- the acceptance rule -----------------------------------------------------------------
 
+def check_distributions(p: object, q: object, caller: str) -> None:
+    """p and q must be distributions over one vocabulary: floating tensors (..., V) of the same
+    shape, finite and >= 0 (each row is read as probabilities; it need not sum to 1)."""
+    for name, t in (("p", p), ("q", q)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() == 0:
+            got = (f"a {t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, Tensor)
+                   else type(t).__name__)
+            raise TypeError(f"{caller}: {name} must be a floating tensor (..., V) of "
+                            f"probabilities, got {got}")
+    if p.shape != q.shape:
+        raise ValueError(f"{caller}: p and q must be distributions over the same tokens (the "
+                         f"same shape), got p {tuple(p.shape)} and q {tuple(q.shape)}")
+    _check_probabilities(p, "p", caller)
+    _check_probabilities(q, "q", caller)
+
+
+def _check_probabilities(t: Tensor, name: str, caller: str) -> None:
+    """Every entry of `t` finite and >= 0, or a ValueError naming the first one that is not."""
+    bad = ~torch.isfinite(t) | (t < 0)
+    if bool(bad.any()):
+        where = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"{caller}: {name} must hold finite probabilities >= 0, got "
+                         f"{float(t[where]):g} at index {where}")
+
+
 def acceptance_probability(p: Tensor, q: Tensor) -> Tensor:
     """min(1, p(x) / q(x)) for every proposal x with q(x) > 0 (0 where q(x) = 0): (..., V)."""
+    check_distributions(p, q, "acceptance_probability")
     ratio = p / q.clamp_min(torch.finfo(q.dtype).tiny)
     return torch.where(q > 0, ratio.clamp(max=1.0), torch.zeros_like(p))
 
@@ -196,6 +243,12 @@ def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
     The mass p has beyond q: exactly what acceptance leaves missing. When p = q nothing is
     ever rejected and the residual is empty; p itself is returned then.
     """
+    check_distributions(p, q, "residual_distribution")
+    return _residual(p, q)
+
+
+def _residual(p: Tensor, q: Tensor) -> Tensor:
+    """`residual_distribution` without the checks (verify's loop has made them)."""
     excess = (p - q).clamp_min(0)  # (..., V)
     total = excess.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, excess / total.clamp_min(torch.finfo(p.dtype).tiny), p)
@@ -245,6 +298,7 @@ def verify(
     accept d_i with probability min(1, p_i(d_i) / q_i(d_i)), else draw from the residual and
     stop; all accepted: one more token from p_{n+1} (the bonus).
     """
+    _check_verdict(logits, tokens, q, rule)
     if rule.greedy:  # compare with the target's argmax: no distribution needed
         best = logits.argmax(dim=-1).tolist()  # (n + 1,)
         m = 0
@@ -257,9 +311,36 @@ def verify(
     for i, d in enumerate(tokens):
         if rule.uniform(p.dtype) * q[i, d] < p[i, d]:  # u < p / q: accepted
             continue
-        residual = residual_distribution(p[i], q[i])
+        residual = _residual(p[i], q[i])
         return tokens[:i] + [int(torch.multinomial(residual, 1, generator=rule.generator))]
     return tokens + [int(torch.multinomial(p[len(tokens)], 1, generator=rule.generator))]
+
+
+def _check_verdict(logits: object, tokens: object, q: object, rule: object) -> None:
+    """verify's arguments: logits (n + 1, V) for n draft ids in [0, V), q None or (n, V)."""
+    if not isinstance(rule, _Rule):
+        raise TypeError(f"rule must be the loop's _Rule, got {type(rule).__name__}")
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or not all(
+            is_int(t) for t in tokens):
+        raise TypeError(f"tokens must be a list of int draft ids, got {tokens!r:.60}")
+    n = len(tokens)
+    if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() != 2:
+        got = (f"a {logits.dtype} tensor of shape {tuple(logits.shape)}"
+               if isinstance(logits, Tensor) else type(logits).__name__)
+        raise TypeError(f"logits must be a floating tensor (n + 1, V), got {got}")
+    if logits.size(0) != n + 1:
+        raise ValueError(f"logits must have one row per draft token plus one (the bonus): "
+                         f"{n} tokens need {n + 1} rows, got {logits.size(0)}")
+    V = logits.size(1)
+    bad = [t for t in tokens if not 0 <= t < V]
+    if bad:
+        raise ValueError(f"draft ids must lie in [0, V={V}), got {bad[0]}")
+    if q is not None:
+        if not isinstance(q, Tensor) or q.shape != (n, V):
+            got = tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__
+            raise ValueError(f"q must be None or the draft's distributions (n, V) = ({n}, {V}), "
+                             f"got {got}")
+        _check_probabilities(q, "q", "verify")
 
 
 # --- the loop ----------------------------------------------------------------------------
@@ -341,8 +422,10 @@ def speculative_generate(
     draft_length = _check_count("draft_length", draft_length)
     V = target.config.vocab_size
     context = _prompt_ids(prompt, V)
-    end_ids = [end_ids] if is_int(end_ids) else list(end_ids)
+    end_ids = as_end_ids(end_ids)
     check_request(len(context), max_new_tokens, target.config.max_len, end_ids, V)
+    if keep_logits is not True and keep_logits is not False:
+        raise TypeError(f"keep_logits must be True or False, got {keep_logits!r}")
     check_sampling(temperature, top_k, top_p)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got "
