@@ -1,5 +1,5 @@
 """Packing a model's weights for decoding: fewer, larger matrix products, in the layout the
-matrix library splits across threads.
+matrix library reads fastest.
 
 A decode step at batch 1 multiplies one vector by every weight matrix, so it has to read every
 weight once; on a CPU its speed is bounded by the memory bandwidth (`bench/bench_decode.py`
@@ -14,12 +14,14 @@ measures both). Two things keep a model written for reading and training away fr
 
    (GPT-2's checkpoints store W_Q, W_K, W_V stacked as `c_attn`; serving engines such as vLLM
    stack them at load time).
-2. The layout. A matrix-vector product with a (O, C) matrix stored row by row computes O dot
-   products of length C; stored column by column it adds C scaled columns of length O. The two
-   read the same bytes, but MKL's product on a row-major matrix with a short C (576 for
-   SmolLM2) ran on one thread in our measurements, while the column-major one split the O
-   outputs over both. So a packed matrix with more outputs than inputs is stored column by
-   column.
+2. The layout. A matrix-vector product with an (O, K) matrix stored row by row computes O
+   dot products of length K; stored column by column it adds K scaled columns of length O.
+   The two read the same bytes, but the matrix library's kernels for them differ in speed.
+   With the MKL that torch ships, on the 2-core machine of the book's stored run, both ran
+   on one thread, and the column-major kernel read the matrices with more outputs than
+   inputs (K = 576 for SmolLM2's) faster. So a packed matrix with more outputs than inputs
+   is stored column by column. Another library or processor may rank the two orders
+   differently: `bench/bench_decode.py` measures both, and the threads each one uses.
 
 `pack_for_decoding(model)` does both without changing any parameter's name, shape or value:
 each parameter becomes a view into its packed matrix (a slice of its rows), so the state
@@ -30,8 +32,9 @@ after `.to()`, a deep copy or new parameters it computes the separate products a
 plain path, with the same result.
 
 The layout is chosen for decoding one sequence. With a batch of rows (beam search's beams, a
-prefill) the products become matrix-matrix ones, which the library runs from its own copy of
-the weight in either layout: there the stacking saves calls, the layout nothing.
+prefill) the products become matrix-matrix ones, which the library runs with other kernels
+(and on every thread) in either layout: there the stacking saves calls, and the layout
+matters much less (the benchmark's roofline points compare the two).
 """
 
 from collections.abc import Sequence
@@ -46,7 +49,7 @@ from tfbook.quantize import Int8Linear, int8_linear
 
 
 def column_major(w: Tensor) -> Tensor:
-    """The same (O, C) matrix stored column by column: strides (1, O) instead of (C, 1)."""
+    """The same (O, K) matrix stored column by column: strides (1, O) instead of (K, 1)."""
     return w.t().contiguous().t()
 
 
