@@ -62,9 +62,9 @@ def test_allocator_takes_blocks_only_when_the_last_is_full_and_frees_them():
     alloc.add("a")
     alloc.add("b")
     assert alloc.reserve("a", 5) == [0, 1]  # 5 positions: two blocks
-    alloc.lengths["a"] = 5
+    alloc.commit("a", 5)
     assert alloc.reserve("b", 4) == [2]
-    alloc.lengths["b"] = 4
+    alloc.commit("b", 4)
     assert alloc.reserve("a", 3) == []  # positions 5..7 fit in block 1
     assert alloc.reserve("b", 1) == [3]  # block 2 is full
     assert alloc.tables == {"a": [0, 1], "b": [2, 3]} and alloc.num_free == 2
@@ -92,11 +92,11 @@ def test_out_of_blocks_is_refused_all_or_nothing():
     with pytest.raises(OutOfBlocksError, match="needs 2 more block.*only 1 of 3 are free"):
         alloc.reserve("b", 3)
     assert alloc.tables["b"] == [] and alloc.num_free == 1  # nothing was taken
-    with pytest.raises(OutOfBlocksError, match="never reserved"):
+    with pytest.raises(ValueError, match="never reserved"):
         alloc.slots("a", 0, 5)
     with pytest.raises(ValueError, match="already has a block table"):
         alloc.add("a")
-    with pytest.raises(KeyError, match="no sequence 'z'"):
+    with pytest.raises(ValueError, match="no sequence 'z'"):
         alloc.release("z")
 
 
@@ -267,6 +267,336 @@ def test_the_cache_refuses_a_forward_pass_it_was_not_told_about(model):
         cache.begin_step([("s", 1), ("s", 1)])
     with pytest.raises(NotImplementedError, match="beam search uses the contiguous KVCache"):
         cache.reorder(torch.tensor([0]))
+
+
+# --- shared prefixes: reference counts and copy-on-write -----------------------------------
+
+def check_counts(alloc: BlockAllocator) -> None:
+    """Every block's count is the number of tables that hold it; free blocks are held by none."""
+    held = [b for table in alloc.tables.values() for b in table]
+    assert [alloc.refs[b] for b in range(alloc.num_blocks)] == [
+        held.count(b) for b in range(alloc.num_blocks)]
+    assert set(alloc.free).isdisjoint(held) and len(set(alloc.free)) == alloc.num_free
+    assert alloc.num_used == len(set(held)) and alloc.num_shared == len(held) - len(set(held))
+
+
+def test_a_shared_prefix_holds_the_same_blocks_and_copies_on_write():
+    alloc = BlockAllocator(num_blocks=8, block_size=4)
+    alloc.add("s")
+    alloc.reserve("s", 10)
+    alloc.commit("s", 10)  # blocks [0, 1, 2]; block 2 holds positions 8, 9
+    assert alloc.share_prefix("t", "s", 9) == [0, 1, 2]  # the docstring's case, shifted
+    assert alloc.tables["t"] == [0, 1, 2] and alloc.lengths["t"] == 9
+    assert alloc.refs[:3] == [2, 2, 2] and alloc.num_used == 3 and alloc.num_shared == 3
+    assert alloc.extra_blocks("t", 1) == 1  # its next position lands in shared block 2
+    assert alloc.reserve("t", 1) == [3] and alloc.copies == [(2, 3)]
+    assert alloc.tables["t"] == [0, 1, 3] and alloc.refs[:4] == [2, 2, 1, 1]
+    check_counts(alloc)
+    alloc.commit("t", 1)
+    assert alloc.reserve("t", 3) == [4] and alloc.copies == [(2, 3)]  # no second copy
+    alloc.copies.clear()
+    # a prefix of whole blocks is shared without a copy: the next write needs a new block
+    assert alloc.share_prefix("u", "s", 8) == [0, 1] and alloc.extra_blocks("u", 1) == 1
+    assert alloc.reserve("u", 1) == [5] and alloc.copies == [] and alloc.num_shared == 4
+    check_counts(alloc)
+    assert alloc.release("s") == [2]  # blocks 0 and 1 stay: t and u still hold them
+    assert alloc.refs[:2] == [2, 2] and alloc.num_free == 3
+    assert alloc.release("t") == [3, 4] and alloc.release("u") == [0, 1, 5]
+    assert alloc.num_free == 8 and alloc.refs == [0] * 8
+    check_counts(alloc)
+
+
+def test_whoever_writes_first_into_a_shared_block_copies_it():
+    alloc = BlockAllocator(num_blocks=4, block_size=4)
+    alloc.add("s")
+    alloc.reserve("s", 2)
+    alloc.commit("s", 2)
+    alloc.share_prefix("t", "s", 2)  # both hold block 0, partly filled
+    assert alloc.reserve("s", 1) == [1] and alloc.copies == [(0, 1)]  # the source writes
+    assert alloc.tables == {"s": [1], "t": [0]} and alloc.refs[:2] == [1, 1]
+    assert alloc.reserve("t", 1) == [] and alloc.copies == [(0, 1)]  # t now owns block 0
+    alloc.release("s")
+    assert alloc.copies == []  # a pending copy into a freed block is dropped
+    alloc.share_prefix("u", "t", 1)
+    with pytest.raises(OutOfBlocksError, match=r"'u' needs 4 more block\(s\) .* only 3 of 4"):
+        alloc.reserve("u", 12)  # a copy of block 0 and 3 more blocks: all or none
+    assert alloc.tables["u"] == [0] and alloc.copies == [] and alloc.num_free == 3
+    check_counts(alloc)
+
+
+def test_random_operations_keep_the_counts_right():
+    """Random adds, shares, writes and releases: the counts always match the tables."""
+    g = torch.Generator().manual_seed(5)
+    alloc, names = BlockAllocator(num_blocks=24, block_size=3), iter(range(10**6))
+
+    def pick(n: int) -> int:
+        return int(torch.randint(0, n, (1,), generator=g))
+
+    for _ in range(400):
+        seqs, op = list(alloc.tables), pick(4)
+        if op == 0 or not seqs:
+            alloc.add(next(names))
+        elif op == 1 and any(alloc.lengths[s] for s in seqs):
+            source = next(s for s in seqs[pick(len(seqs)):] + seqs if alloc.lengths[s])
+            alloc.share_prefix(next(names), source, 1 + pick(alloc.lengths[source]))
+        elif op == 2:
+            seq, n = seqs[pick(len(seqs))], 1 + pick(7)
+            if alloc.extra_blocks(seq, n) <= alloc.num_free:
+                first = alloc.lengths[seq] // 3
+                alloc.reserve(seq, n)
+                # the blocks it will write into are its own
+                assert all(alloc.refs[b] == 1 for b in alloc.tables[seq][first:])
+                alloc.commit(seq, n)
+            alloc.copies.clear()
+        else:
+            alloc.release(seqs[pick(len(seqs))])
+        check_counts(alloc)
+
+
+def test_copy_on_write_copies_the_keys_into_the_pool(model):
+    """t shares 6 of s's positions (block 1 partly filled) and brings 3 of its own: its keys,
+    read through its table, are a contiguous cache's keys of its tokens, and s's are intact."""
+    s_ids, t_ids = [5, 17, 3, 99, 42, 7, 8, 9], [5, 17, 3, 99, 42, 7, 60, 61, 62]
+    cache = PagedKVCache.for_model(model, num_blocks=6, block_size=4)
+    cache.allocator.add("s")
+    positions, mask = cache.begin_step([("s", len(s_ids))])
+    with torch.no_grad():
+        model(torch.tensor([s_ids]), positions=positions, attention_mask=mask, cache=cache)
+    cache.end_step()
+    cache.allocator.share_prefix("t", "s", 6)
+    positions, mask = cache.begin_step([("t", 3)])
+    assert cache.copied == [(1, 2)] and cache.allocator.tables["t"] == [0, 2, 3]
+    with torch.no_grad():
+        model(torch.tensor([t_ids[6:]]), positions=positions, attention_mask=mask, cache=cache)
+    cache.end_step()
+    for seq, ids in (("s", s_ids), ("t", t_ids)):
+        contiguous = model.new_cache(len(ids))
+        with torch.no_grad():
+            model(torch.tensor([ids]), cache=contiguous)
+        slots = cache.allocator.slots(seq, 0, len(ids))
+        for paged, ref in zip(cache.layers, contiguous.layers, strict=True):
+            for pool, want in ((paged.keys, ref.keys), (paged.values, ref.values)):
+                got = pool.view(-1, *pool.shape[2:])[slots].transpose(0, 1)  # (H_kv, T, D)
+                torch.testing.assert_close(got, want[0], rtol=0, atol=1e-12)
+
+
+def shared_workload():
+    """A source prompt of 10 tokens; three followers share its first 9, then differ."""
+    g = torch.Generator().manual_seed(4)
+    source = torch.randint(0, 256, (10,), generator=g).tolist()
+    followers = [source[:9] + [(source[9] + 1 + i) % 256, 200 + i] for i in range(3)]
+    return [source] + followers, [12, 3, 4, 3], [0, 1, 2, 3]
+
+
+def test_sharing_saves_exactly_the_shared_whole_blocks(model):
+    prompts, budgets, arrivals = shared_workload()
+    runs = {}
+    for share in (False, True):
+        batcher = ContinuousBatcher(model, num_blocks=40, block_size=4, max_batch=4,
+                                    share_prefixes=share)
+        for p, n, t in zip(prompts, budgets, arrivals, strict=True):
+            batcher.submit(p, n, arrival=t)
+        runs[share] = (batcher, batcher.run())
+    (plain, plain_out), (shared, shared_out) = runs[False], runs[True]
+    reference = [generate(model, [p], n).new_tokens[0].tolist()
+                 for p, n in zip(prompts, budgets, strict=True)]
+    assert [plain_out[i] for i in range(4)] == reference == [shared_out[i] for i in range(4)]
+    # the same schedule (the pool never binds), each follower reusing 9 positions
+    assert [(r.kind, [s for s, _ in r.rows]) for r in plain.history] == [
+        (r.kind, [s for s, _ in r.rows]) for r in shared.history]
+    assert [shared.requests[i].reused for i in range(4)] == [0, 9, 9, 9]
+    fed = {share: sum(n for r in b.history for _, n in r.rows) for share, (b, _) in runs.items()}
+    assert fed[False] - fed[True] == 3 * 9
+    for a, b in zip(plain.history, shared.history, strict=True):
+        # sharing saves exactly the blocks counted twice in the tables: 2 whole blocks for
+        # every follower while the source runs (block 2, partly filled, is copied)
+        assert a.used_blocks - b.used_blocks == b.shared_blocks
+        if 0 in b.tables:
+            assert b.shared_blocks == 2 * (len(b.tables) - 1)
+        assert b.copies == (a.kind == "prefill" and b.step > 0)  # one copy per follower
+        for seq, table in b.tables.items():
+            assert len(table) == blocks_needed(b.lengths[seq], 4)
+    assert max(b.shared_blocks for b in shared.history) == 6
+    assert shared.cache.allocator.num_free == 40 and shared.cache.allocator.num_shared == 0
+
+
+def test_sharing_survives_preemption(model):
+    prefix = [11, 12, 13, 14, 15]
+    prompts = [prefix, prefix[:4] + [30], prefix[:4] + [31, 32]]
+    batcher = ContinuousBatcher(model, num_blocks=7, block_size=4, max_batch=3,
+                                share_prefixes=True)
+    for i, p in enumerate(prompts):
+        batcher.submit(p, 12, arrival=i)
+    out = batcher.run()
+    assert sum(r.preemptions for r in batcher.requests.values()) >= 1
+    assert max(r.shared_blocks for r in batcher.history) >= 1
+    assert [out[i] for i in range(3)] == [generate(model, [p], 12).new_tokens[0].tolist()
+                                          for p in prompts]
+    alloc = batcher.cache.allocator
+    assert alloc.num_free == 7 and alloc.refs == [0] * 7 and alloc.tables == {}
+
+
+def fresh_allocator() -> BlockAllocator:
+    """Sequence "s" holds 6 positions in 2 blocks of 4; 6 blocks in all."""
+    alloc = BlockAllocator(num_blocks=6, block_size=4)
+    alloc.add("s")
+    alloc.reserve("s", 6)
+    alloc.commit("s", 6)
+    return alloc
+
+
+ALLOCATOR_BAD_INPUT = [  # (call on a fresh allocator, error, the whole message)
+    (lambda a: a.reserve("s", -5), ValueError, "n_new must be >= 0, got -5"),
+    (lambda a: a.reserve("s", 2.0), TypeError, "n_new must be an int, got 2.0 of type float"),
+    (lambda a: a.reserve("s", True), TypeError, "n_new must be an int, got True of type bool"),
+    (lambda a: a.reserve("x", 1), ValueError, "no sequence 'x' in this cache; known: ['s']"),
+    (lambda a: a.reserve(["s"], 1), TypeError,
+     "a sequence id must be hashable and not a bool, got ['s'] of type list"),
+    (lambda a: a.extra_blocks("s", -1), ValueError, "n_new must be >= 0, got -1"),
+    (lambda a: a.extra_blocks(True, 1), TypeError,
+     "a sequence id must be hashable and not a bool, got True of type bool"),
+    (lambda a: a.commit("s", -2), ValueError, "n_new must be >= 0, got -2"),
+    (lambda a: a.commit("s", 3), ValueError,
+     "sequence 's' holds 2 block(s), 8 positions; 6 stored + 3 new do not fit: reserve them "
+     "first"),
+    (lambda a: a.commit("x", 1), ValueError, "no sequence 'x' in this cache; known: ['s']"),
+    (lambda a: a.release("x"), ValueError, "no sequence 'x' in this cache; known: ['s']"),
+    (lambda a: a.release({}), TypeError,
+     "a sequence id must be hashable and not a bool, got {} of type dict"),
+    (lambda a: a.add("s"), ValueError, "sequence 's' already has a block table"),
+    (lambda a: a.add(False), TypeError,
+     "a sequence id must be hashable and not a bool, got False of type bool"),
+    (lambda a: a.slots("s", -1, 2), ValueError, "start must be >= 0, got -1"),
+    (lambda a: a.slots("s", 0, 2.5), TypeError, "stop must be an int, got 2.5 of type float"),
+    (lambda a: a.slots("s", 3, 1), ValueError, "slots needs start <= stop, got start=3, stop=1"),
+    (lambda a: a.slots("s", 0, 9), ValueError,
+     "sequence 's' holds 2 block(s), 8 positions; position 8 needs a block that was never "
+     "reserved"),
+    (lambda a: a.share_prefix("t", "s", 0), ValueError, "n (positions shared) must be >= 1, got 0"),
+    (lambda a: a.share_prefix("t", "s", True), TypeError,
+     "n (positions shared) must be an int, got True of type bool"),
+    (lambda a: a.share_prefix("t", "s", 7), ValueError,
+     "sequence 's' has stored 6 position(s), cannot share its first 7"),
+    (lambda a: a.share_prefix("t", "x", 1), ValueError,
+     "no sequence 'x' in this cache; known: ['s']"),
+    (lambda a: a.share_prefix("s", "s", 1), ValueError, "sequence 's' already has a block table"),
+    (lambda a: blocks_needed(-1, 4), ValueError, "n_tokens must be >= 0, got -1"),
+    (lambda a: blocks_needed(3, 0), ValueError, "block_size must be >= 1, got 0"),
+    (lambda a: blocks_needed(True, 4), TypeError, "n_tokens must be an int, got True of type bool"),
+    (lambda a: blocks_needed(3, 4.0), TypeError,
+     "block_size must be an int, got 4.0 of type float"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", ALLOCATOR_BAD_INPUT)
+def test_the_allocator_refuses_bad_input_and_changes_nothing(call, error, message):
+    alloc = fresh_allocator()
+    before = (dict(alloc.tables), dict(alloc.lengths), list(alloc.free), list(alloc.refs))
+    with pytest.raises(error) as caught:
+        call(alloc)
+    assert str(caught.value) == message
+    assert (alloc.tables, alloc.lengths, list(alloc.free), alloc.refs) == before
+
+
+def test_the_cache_refuses_bad_input(model):
+    def raises(error, message, call):
+        with pytest.raises(error) as caught:
+            call()
+        assert str(caught.value) == message
+
+    config = model.config
+    layers, heads, size = config.n_layers, config.n_kv_heads or config.n_heads, config.head_size
+    raises(TypeError, "dtype must be a floating-point torch.dtype, got torch.int64",
+           lambda: PagedKVCache(2, 4, 4, 2, 8, 64, dtype=torch.long))
+    raises(TypeError, "dtype must be a floating-point torch.dtype, got 'float32'",
+           lambda: PagedKVCache(2, 4, 4, 2, 8, 64, dtype="float32"))
+    raises(TypeError, "device must be a torch.device, a str or None, got int",
+           lambda: PagedKVCache(2, 4, 4, 2, 8, 64, device=3))
+    raises(ValueError, "n_layers must be >= 1, got 0", lambda: PagedKVCache(0, 4, 4, 2, 8, 64))
+    raises(TypeError, "head_size must be an int, got True of type bool",
+           lambda: PagedKVCache(2, 4, 4, 2, True, 64))
+    raises(TypeError, "PagedKVCache.for_model needs a tfbook decoder (an nn.Module with "
+           "parameters and config.n_layers, n_heads, head_size, max_len), got Linear without "
+           "config.n_layers, n_heads, head_size, max_len",
+           lambda: PagedKVCache.for_model(torch.nn.Linear(2, 2), 4, 4))
+    cache = PagedKVCache.for_model(model, num_blocks=4, block_size=4)
+    cache.allocator.add("s")
+    raises(TypeError, "rows must be a list of (sequence id, new tokens) pairs, got str",
+           lambda: cache.begin_step("s"))
+    raises(TypeError, "rows must be a list of (sequence id, new tokens) pairs, got dict",
+           lambda: cache.begin_step({"s": 1}))
+    raises(TypeError, "each row must be a (sequence id, new tokens) pair, got ('s',)",
+           lambda: cache.begin_step([("s",)]))
+    raises(ValueError, "new tokens of sequence 's' must be >= 1, got -1",
+           lambda: cache.begin_step([("s", -1)]))
+    raises(TypeError, "new tokens of sequence 's' must be an int, got True of type bool",
+           lambda: cache.begin_step([("s", True)]))
+    raises(ValueError, "no sequence 'x' in this cache; known: ['s']",
+           lambda: cache.begin_step([("x", 1)]))
+    raises(ValueError, "a step needs at least one row, got none", lambda: cache.begin_step([]))
+    assert cache.plan is None and cache.allocator.num_free == 4  # nothing was reserved
+    cache.begin_step([("s", 2)])
+    layer = cache.layers[0]
+    k = torch.zeros(1, heads, 2, size, dtype=torch.float64)
+    raises(TypeError, "update needs k as a (B, H_kv, T, D) tensor, got list",
+           lambda: layer.update([1, 2], k))
+    raises(TypeError, f"update needs v as a (B, H_kv, T, D) tensor, got a tensor of shape "
+           f"(2, {size})", lambda: layer.update(k, k[0, 0]))
+    raises(ValueError, "the pool holds torch.float64 on cpu, got k of torch.float32 on cpu: "
+           "build the cache with PagedKVCache.for_model(model, ...)",
+           lambda: layer.update(k.float(), k))
+    raises(ValueError, f"this step was planned for 1 rows of 2 tokens with {heads} key/value "
+           f"heads of size {size}, got keys of shape (1, {heads}, 2, {size}) and values of shape "
+           f"(1, {heads}, 1, {size})", lambda: layer.update(k, k[:, :, :1]))
+    raises(ValueError, "this step was planned for 1 rows (begin_step), got a batch of 3",
+           lambda: cache.check_batch(3))
+    raises(RuntimeError, "a step is already planned: call end_step() after its forward",
+           lambda: cache.begin_step([("s", 1)]))
+    assert layers == len(cache.layers)
+
+
+def test_the_batcher_refuses_bad_input(model):
+    def raises(error, message, call):
+        with pytest.raises(error) as caught:
+            call()
+        assert str(caught.value) == message
+
+    def make(**options):
+        return ContinuousBatcher(model, num_blocks=8, block_size=4, **options)
+
+    raises(TypeError, "share_prefixes must be True or False, got 1",
+           lambda: make(share_prefixes=1))
+    raises(TypeError, "pad_id must be an int, got True of type bool", lambda: make(pad_id=True))
+    raises(TypeError, "pad_id must be an int, got 1.0 of type float", lambda: make(pad_id=1.0))
+    raises(ValueError, "pad_id must be an int in [0, 256), got -1", lambda: make(pad_id=-1))
+    raises(TypeError, "max_batch must be an int, got True of type bool",
+           lambda: make(max_batch=True))
+    raises(ValueError, "max_batch must be >= 1, got -2", lambda: make(max_batch=-2))
+    raises(ValueError, "num_blocks must be >= 1, got -5",
+           lambda: ContinuousBatcher(model, num_blocks=-5, block_size=4))
+    with pytest.raises(TypeError, match="end_ids must be an int token id or a sequence"):
+        make(end_ids=True)
+    batcher = make()
+    raises(ValueError, "max_new_tokens must be a positive int, got -5",
+           lambda: batcher.submit([1, 2], -5))
+    raises(TypeError, "max_new_tokens must be an int, got True of type bool",
+           lambda: batcher.submit([1, 2], True))
+    raises(TypeError, "max_new_tokens must be an int, got 2.5 of type float",
+           lambda: batcher.submit([1, 2], 2.5))
+    raises(TypeError, "arrival must be an int (a step number), got True of type bool",
+           lambda: batcher.submit([1, 2], 2, arrival=True))
+    raises(TypeError, "arrival must be an int (a step number), got 1.5 of type float",
+           lambda: batcher.submit([1, 2], 2, arrival=1.5))
+    raises(ValueError, "arrival must be a step number >= 0, got -1",
+           lambda: batcher.submit([1, 2], 2, arrival=-1))
+    raises(TypeError, "a sequence id must be hashable and not a bool, got [1] of type list",
+           lambda: batcher.submit([1, 2], 2, request_id=[1]))
+    raises(TypeError, "a sequence id must be hashable and not a bool, got True of type bool",
+           lambda: batcher.submit([1, 2], 2, request_id=True))
+    raises(TypeError, "token ids must be ints, got True of type bool in prompt 0",
+           lambda: batcher.submit([1, True], 2))
+    assert batcher.requests == {} and not batcher.waiting  # nothing was queued
+
 
 
 # --- SmolLM2 -------------------------------------------------------------------------------

@@ -11,6 +11,14 @@ running sequences have written, rounded up to one block each.
     pool (one per layer)    keys, values: (num_blocks, block_size, H_kv, D)
     block tables            {"a": [0, 3], "b": [1]}   a holds positions 0..7 in blocks 0, 3
     free list               [2, 4, 5, ...]            taken from the front, freed to the back
+    reference counts        refs[block]               tables that hold the block
+
+Sequences that begin with the same tokens (a system prompt) can hold the same blocks:
+`share_prefix` puts a prefix's blocks in a second table and counts each block's holders; a
+block returns to the free list when its last holder releases it. A shared block that is only
+partly filled is copied the first time any holder writes into it (copy-on-write, vLLM's
+answer for beams and parallel samples): `reserve` gives the writer a new block and records
+the copy, which `PagedKVCache.begin_step` makes in every layer before the forward pass.
 
 One forward pass serves rows of different lengths. For a step, `begin_step` is told how
 many new tokens each row brings; it takes the blocks they need, and lays every row's keys
@@ -41,22 +49,48 @@ class OutOfBlocksError(RuntimeError):
     """The pool has fewer free blocks than a request for blocks needs."""
 
 
-def check_count(name: str, value: object) -> int:
-    """A positive int (not a bool), or a TypeError/ValueError that names it."""
+def check_count(name: str, value: object, least: int = 1) -> int:
+    """An int (not a bool) >= `least`, or a TypeError/ValueError that names it."""
     if not is_int(value):
         raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
     return int(value)
+
+
+def check_seq(seq: object) -> Hashable:
+    """A sequence name: any hashable value but a bool (True == 1 would name sequence 1)."""
+    if isinstance(seq, bool) or not isinstance(seq, Hashable):
+        raise TypeError(f"a sequence id must be hashable and not a bool, got {seq!r} of type "
+                        f"{type(seq).__name__}")
+    return seq
 
 
 def blocks_needed(n_tokens: int, block_size: int) -> int:
     """Blocks that hold n_tokens positions: ceil(n_tokens / block_size); 9 tokens, 4 -> 3."""
-    return -(-n_tokens // block_size)
+    n_tokens = check_count("n_tokens", n_tokens, least=0)
+    return -(-n_tokens // check_count("block_size", block_size))
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__}"
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share: [1, 2, 3], [1, 2, 5, 6] -> 2."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class BlockAllocator:
-    """The free list of a pool of `num_blocks` blocks and one block table per sequence."""
+    """The free list of a pool of `num_blocks` blocks, one block table per sequence, and a
+    reference count per block (sequences that share a prefix share its blocks)."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = check_count("num_blocks", num_blocks)
@@ -64,6 +98,10 @@ class BlockAllocator:
         self.free: deque[int] = deque(range(self.num_blocks))  # taken from the left
         self.tables: dict[Hashable, list[int]] = {}  # sequence -> its blocks, in order
         self.lengths: dict[Hashable, int] = {}  # sequence -> positions written
+        self.refs = [0] * self.num_blocks  # block -> block tables that hold it
+        # copy-on-write: (shared block, its new private copy) pairs whose contents the pool
+        # must copy before the next forward pass writes (PagedKVCache.begin_step does it)
+        self.copies: list[tuple[int, int]] = []
 
     @property
     def num_free(self) -> int:
@@ -72,28 +110,68 @@ class BlockAllocator:
 
     @property
     def num_used(self) -> int:
-        """Blocks held by sequences."""
+        """Blocks held by sequences (a shared block counts once)."""
         return self.num_blocks - len(self.free)
+
+    @property
+    def num_shared(self) -> int:
+        """Blocks saved by sharing: table entries beyond the first for every block."""
+        return sum(r - 1 for r in self.refs if r > 1)
 
     def add(self, seq: Hashable) -> None:
         """Start an empty block table for a new sequence."""
-        if seq in self.tables:
+        if check_seq(seq) in self.tables:
             raise ValueError(f"sequence {seq!r} already has a block table")
         self.tables[seq] = []
         self.lengths[seq] = 0
 
+    def share_prefix(self, seq: Hashable, source: Hashable, n: int) -> list[int]:
+        """Start `seq` with the first n stored positions of `source`, holding the same blocks
+        (their reference counts go up) -> the shared blocks.
+
+        A shared block that is only partly filled is copied when either sequence first writes
+        into it (copy-on-write, in `reserve`). With block_size 4, `source` of length 10 in
+        [3, 7, 1] and n = 6: seq's table is [3, 7]; its next write copies block 7.
+        """
+        if check_seq(seq) in self.tables:
+            raise ValueError(f"sequence {seq!r} already has a block table")
+        table = self._table(source)
+        n = check_count("n (positions shared)", n)
+        if n > self.lengths[source]:
+            raise ValueError(f"sequence {source!r} has stored {self.lengths[source]} "
+                             f"position(s), cannot share its first {n}")
+        shared = table[:blocks_needed(n, self.block_size)]
+        for block in shared:
+            self.refs[block] += 1
+        self.tables[seq], self.lengths[seq] = list(shared), n
+        return list(shared)
+
     def _table(self, seq: Hashable) -> list[int]:
-        if seq not in self.tables:
-            raise KeyError(f"no sequence {seq!r} in this cache; known: {list(self.tables)[:8]}")
+        if check_seq(seq) not in self.tables:
+            raise ValueError(f"no sequence {seq!r} in this cache; known: "
+                             f"{list(self.tables)[:8]}")
         return self.tables[seq]
 
+    def _copy_on_write(self, seq: Hashable) -> bool:
+        """The next position of `seq` lands in a block another table also holds."""
+        table, i = self.tables[seq], self.lengths[seq] // self.block_size
+        return i < len(table) and self.refs[table[i]] > 1
+
     def extra_blocks(self, seq: Hashable, n_new: int) -> int:
-        """Blocks `seq` must take before it can hold `n_new` more positions."""
+        """Blocks `seq` must take before it can hold `n_new` more positions (with the copy of
+        a shared block it would write into)."""
         table = self._table(seq)
-        return max(0, blocks_needed(self.lengths[seq] + n_new, self.block_size) - len(table))
+        if check_count("n_new", n_new, least=0) == 0:
+            return 0
+        grow = blocks_needed(self.lengths[seq] + n_new, self.block_size) - len(table)
+        return max(0, grow) + self._copy_on_write(seq)
 
     def reserve(self, seq: Hashable, n_new: int) -> list[int]:
-        """Take the blocks for `n_new` more positions of `seq` (all or none) -> the new ones."""
+        """Take the blocks for `n_new` more positions of `seq` (all or none) -> the new ones.
+
+        If the first position to write lies in a block shared with another sequence, the
+        first new block replaces it in `seq`'s table, and (shared, new) joins `copies`.
+        """
         need = self.extra_blocks(seq, n_new)
         if need > len(self.free):
             raise OutOfBlocksError(
@@ -101,15 +179,39 @@ class BlockAllocator:
                 f"for {n_new} new token(s), but only {len(self.free)} of {self.num_blocks} are "
                 f"free: finish or preempt a sequence first, or build a larger pool")
         taken = [self.free.popleft() for _ in range(need)]
-        self.tables[seq].extend(taken)
+        for block in taken:
+            self.refs[block] = 1
+        table, grow = self.tables[seq], taken
+        if n_new and self._copy_on_write(seq):  # copy-on-write: a private copy replaces it
+            i = self.lengths[seq] // self.block_size
+            self.refs[table[i]] -= 1
+            self.copies.append((table[i], taken[0]))
+            table[i], grow = taken[0], taken[1:]
+        table.extend(grow)
         return taken
 
+    def commit(self, seq: Hashable, n_new: int) -> None:
+        """The next `n_new` reserved positions of `seq` now hold keys and values: count them."""
+        table = self._table(seq)
+        n_new = check_count("n_new", n_new, least=0)
+        if self.lengths[seq] + n_new > len(table) * self.block_size:
+            raise ValueError(f"sequence {seq!r} holds {len(table)} block(s), "
+                             f"{len(table) * self.block_size} positions; {self.lengths[seq]} "
+                             f"stored + {n_new} new do not fit: reserve them first")
+        self.lengths[seq] += n_new
+
     def release(self, seq: Hashable) -> list[int]:
-        """Forget `seq` and put its blocks back on the free list -> the blocks freed."""
+        """Forget `seq`; blocks no other table holds go back on the free list -> those."""
         table = self._table(seq)
         del self.tables[seq], self.lengths[seq]
-        self.free.extend(table)
-        return table
+        freed = []
+        for block in table:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                freed.append(block)
+        self.free.extend(freed)
+        self.copies = [(a, b) for a, b in self.copies if self.refs[b]]  # copies nobody needs
+        return freed
 
     def slots(self, seq: Hashable, start: int, stop: int) -> list[int]:
         """Pool slots (block * block_size + offset) of positions start .. stop - 1 of `seq`.
@@ -117,10 +219,13 @@ class BlockAllocator:
         With block_size 4 and table [5, 2]: positions 3, 4, 5 -> slots [23, 8, 9].
         """
         table, size = self._table(seq), self.block_size
+        start, stop = check_count("start", start, least=0), check_count("stop", stop, least=0)
+        if start > stop:
+            raise ValueError(f"slots needs start <= stop, got start={start}, stop={stop}")
         if stop > len(table) * size:
-            raise OutOfBlocksError(f"sequence {seq!r} holds {len(table)} block(s), "
-                                   f"{len(table) * size} positions; position {stop - 1} "
-                                   "needs a block that was never reserved")
+            raise ValueError(f"sequence {seq!r} holds {len(table)} block(s), "
+                             f"{len(table) * size} positions; position {stop - 1} "
+                             "needs a block that was never reserved")
         return [table[p // size] * size + p % size for p in range(start, stop)]
 
 
@@ -158,13 +263,21 @@ class PagedLayerCache:
         if plan is None:
             raise RuntimeError("call begin_step(rows) before the forward pass: the paged cache "
                                "must know which sequence each row is")
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                raise TypeError(f"update needs {name} as a (B, H_kv, T, D) tensor, got "
+                                f"{_describe(t)}")
+            if t.dtype != self.keys.dtype or t.device != self.keys.device:
+                raise ValueError(f"the pool holds {self.keys.dtype} on {self.keys.device}, got "
+                                 f"{name} of {t.dtype} on {t.device}: build the cache with "
+                                 "PagedKVCache.for_model(model, ...)")
         B, H_kv, T, D = k.size()
-        if (B, T) != (plan.gather.size(0), plan.gather.size(1) - plan.start) or (
-                (H_kv, D) != self.keys.shape[2:]):
+        if k.shape != v.shape or (B, T) != (plan.gather.size(0), plan.gather.size(1) - plan.start) \
+                or (H_kv, D) != self.keys.shape[2:]:
             raise ValueError(f"this step was planned for {plan.gather.size(0)} rows of "
                              f"{plan.gather.size(1) - plan.start} tokens with {self.keys.size(2)} "
                              f"key/value heads of size {self.keys.size(3)}, got keys of shape "
-                             f"{tuple(k.shape)}")
+                             f"{tuple(k.shape)} and values of shape {tuple(v.shape)}")
         flat_k = self.keys.view(-1, H_kv, D)  # (num_blocks * block_size, H_kv, D): a view
         flat_v = self.values.view(-1, H_kv, D)
         flat_k[plan.slots] = k.transpose(1, 2)[plan.rows, plan.cols]  # (N, H_kv, D)
@@ -187,6 +300,11 @@ class PagedKVCache(KVCache):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__(check_count("n_layers", n_layers), check_count("max_len", max_len))
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        if device is not None and not isinstance(device, (torch.device, str)):
+            raise TypeError(f"device must be a torch.device, a str or None, got "
+                            f"{type(device).__name__}")
         self.allocator = BlockAllocator(num_blocks, block_size)
         shape = (self.allocator.num_blocks, self.allocator.block_size,
                  check_count("n_kv_heads", n_kv_heads), check_count("head_size", head_size))
@@ -197,11 +315,19 @@ class PagedKVCache(KVCache):
         ]
         self.plan: StepPlan | None = None
         self._new: list[tuple[Hashable, int]] = []
+        self.copied: list[tuple[int, int]] = []  # (shared, copy) blocks of the last step
 
     @classmethod
     def for_model(cls, model: nn.Module, num_blocks: int, block_size: int) -> PagedKVCache:
         """A pool shaped for a tfbook decoder's layers, key/value heads, dtype and device."""
-        config = model.config
+        config = getattr(model, "config", None)
+        missing = [f for f in ("n_layers", "n_heads", "head_size", "max_len")
+                   if getattr(config, f, None) is None]
+        if not isinstance(model, nn.Module) or missing or not list(model.parameters())[:1]:
+            raise TypeError(f"PagedKVCache.for_model needs a tfbook decoder (an nn.Module with "
+                            f"parameters and config.n_layers, n_heads, head_size, max_len), got "
+                            f"{type(model).__name__}" + (f" without config.{', '.join(missing)}"
+                                                         if missing else ""))
         weight = next(model.parameters())
         return cls(config.n_layers, num_blocks, block_size,
                    config.n_kv_heads or config.n_heads, config.head_size, config.max_len,
@@ -225,6 +351,7 @@ class PagedKVCache(KVCache):
         return None if self.plan is None else self.plan.gather.size(0)
 
     def check_batch(self, B: int) -> None:
+        """Refuse a forward pass whose batch is not the planned step's rows."""
         if self.plan is None or self.plan.gather.size(0) != B:
             raise ValueError(f"this step was planned for {self.batch_size} rows "
                              f"(begin_step), got a batch of {B}")
@@ -251,12 +378,18 @@ class PagedKVCache(KVCache):
         """
         if self.plan is not None:
             raise RuntimeError("a step is already planned: call end_step() after its forward")
+        if isinstance(rows, (str, bytes, dict)) or not isinstance(rows, Sequence):
+            raise TypeError(f"rows must be a list of (sequence id, new tokens) pairs, got "
+                            f"{type(rows).__name__}")
         if not rows:
             raise ValueError("a step needs at least one row, got none")
         alloc = self.allocator
-        for seq, n in rows:
-            check_count(f"new tokens of sequence {seq!r}", n)
+        for row in rows:
+            if not isinstance(row, tuple | list) or len(row) != 2:
+                raise TypeError(f"each row must be a (sequence id, new tokens) pair, got {row!r}")
+            seq, n = row
             alloc._table(seq)
+            check_count(f"new tokens of sequence {seq!r}", n)
         if len({seq for seq, _ in rows}) != len(rows):
             raise ValueError("each sequence may appear once in a step")
         need = sum(alloc.extra_blocks(seq, n) for seq, n in rows)
@@ -269,9 +402,16 @@ class PagedKVCache(KVCache):
         gather = torch.zeros(B, S, dtype=torch.long)
         positions = torch.zeros(B, T, dtype=torch.long)
         mask = torch.zeros(B, S, dtype=torch.bool)
+        for seq, n in rows:
+            alloc.reserve(seq, n)  # all fit (checked above), copy-on-write included
+        self.copied = list(alloc.copies)
+        for shared, copy in self.copied:  # before the forward pass writes into the copies
+            for layer in self.layers:
+                layer.keys[copy] = layer.keys[shared]
+                layer.values[copy] = layer.values[shared]
+        alloc.copies.clear()
         new_rows, new_cols, new_slots = [], [], []
         for b, (seq, n) in enumerate(rows):
-            alloc.reserve(seq, n)
             cached = alloc.lengths[seq]
             total = cached + n
             gather[b, S - total:] = torch.tensor(alloc.slots(seq, 0, total))  # right-aligned
@@ -291,7 +431,7 @@ class PagedKVCache(KVCache):
         if self.plan is None:
             raise RuntimeError("no step is planned")
         for seq, n in self._new:
-            self.allocator.lengths[seq] += n
+            self.allocator.commit(seq, n)
         self.plan, self._new = None, []
 
     def cancel_step(self) -> None:

@@ -11,11 +11,17 @@ sequence holds only the blocks it has filled, so a finished one frees its memory
                   their PREFILL (all of each prompt, one forward pass);
                   otherwise run one DECODE step of every running sequence (one token each);
                   greedy next token; a sequence with max_new_tokens tokens or an end token is
-                  retired and its blocks go back to the free list
+                  retired and its blocks go back to the free list; during a prefill step
+                  the running sequences wait (chunked prefill, as in Sarathi-Serve, would
+                  mix a slice of the prompt with their decode tokens instead)
     out of blocks a decode step whose sequences need more blocks than are free PREEMPTS the
                   most recently admitted sequence: its blocks are freed and it goes back to
                   the front of the queue with the tokens it has; readmitted, it recomputes
                   their keys and values in one prefill (vLLM's "recompute" preemption)
+    sharing       with share_prefixes=True, an admitted request holds the blocks of the
+                  longest prefix it shares with a running sequence (a common system prompt)
+                  and its prefill computes only the rest; a shared, partly filled block is
+                  copied on its first write (copy-on-write)
 
 Rows of different lengths share each forward pass: `PagedKVCache.begin_step` gives every row
 its own positions and a mask over its own keys. Decoding is greedy (the argmax), so every
