@@ -67,12 +67,13 @@ book: setup vendor
 	@echo
 	@echo "The book is built: open $(CURDIR)/_build/html/index.html"
 
-# The tests run in TEST_JOBS processes (pytest-xdist; a chapter's cells stay in one process),
-# beside the book build, which executes TFBOOK_BUILD_JOBS chapters at a time (default: one a
-# core). CONTRIBUTING.md, "Where the time of make test goes", says how the time divides.
+# The tests run in TEST_JOBS processes (pytest-xdist; a chapter's cells and each test file
+# stay in one process) beside the book build, which executes TFBOOK_BUILD_JOBS chapters at a
+# time (default: one a core). CONTRIBUTING.md, "Where the time of make test goes", says how
+# the time divides.
 TEST_JOBS ?= 2
 test: setup vendor check-chromium
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=25
 
 # The browser tests open the built pages in Chromium or Chrome, driven by Playwright: Debian's
 # `chromium`, another one where it usually lives, or the executable named by $$CHROMIUM.

@@ -21,6 +21,8 @@ from tests.browser import CHROMIUM_ARGS, chromium_path
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "_vendor" / "assets"
+# How much lower the tests' scheduling priority is than the book build's (nice levels).
+BUILD_PRIORITY_LEAD = 5
 
 
 def run_id(config) -> str:
@@ -44,17 +46,39 @@ def _reuse_build() -> bool:
 def pytest_collection_modifyitems(session, config, items) -> None:
     """Chapters first (the longest jobs), the tests that need the built book last; start it.
 
-    Under pytest-xdist (`--dist loadfile`), whole files are handed out in this order, so the
-    chapters keep both workers busy while the book builds, and the browser tests come last.
+    Under pytest-xdist (`--dist loadgroup`) the work is handed out in this order: a chapter's
+    cells, and each other test file, as one unit (one kernel, one set of module fixtures);
+    the tests of the built pages one by one, so that both processes share them at the end.
     """
     needs_book = [item for item in items if "book_html" in getattr(item, "fixturenames", ())]
     chapters = [item for item in items if item.path.suffix == ".md" and item not in needs_book]
     rest = [item for item in items if item not in needs_book and item not in chapters]
     items[:] = chapters + rest + needs_book
+    for item in chapters + rest:
+        item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(ROOT))))
     if (not needs_book or _reuse_build() or config.option.collectonly
             or not (ASSETS / "require.min.js").exists()):
         return
     book_build.start(run_id(config))
+    # The build has started at the normal priority; the tests go on at a lower one, so that
+    # the build, whose end the browser tests wait for, gets the processor first (the tests'
+    # own kernels and subprocesses inherit it).
+    os.nice(BUILD_PRIORITY_LEAD)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test that reads the built book first waits for the build, outside its own time limit.
+
+    pytest-timeout limits each test (setup included) to 10 minutes; the build can take longer
+    on a loaded machine, and it has limits of its own (each chapter's execution timeout).
+    """
+    if ("book_html" in getattr(item, "fixturenames", ()) and not _reuse_build()
+            and (ASSETS / "require.min.js").exists()):
+        identity = run_id(item.config)
+        book_build.start(identity)  # no-op if the collection hook (or another worker) did
+        book_build.wait(identity)
+    yield
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
