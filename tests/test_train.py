@@ -21,7 +21,7 @@ from tfbook.train.data import (
     split_stream,
 )
 from tfbook.train.loop import TrainConfig, evaluate, train
-from tfbook.train.optim import adamw, clip_grad_norm, param_groups
+from tfbook.train.optim import adamw, clip_grad_norm, global_grad_norm, param_groups
 from tfbook.train.schedules import inverse_sqrt, warmup_cosine, warmup_linear
 
 CONFIG = dataclasses.replace(GPTConfig.tiny(), max_len=16, d_model=32, n_layers=1)
@@ -75,6 +75,26 @@ def test_data_bad_input():
         seq2seq_batch([[1], [2]], [[3]], 0, 1)
     with pytest.raises(ValueError, match="empty"):
         seq2seq_batch([[1]], [[]], 0, 1)
+    for bad in ("0", 0.0, True, None):
+        with pytest.raises(TypeError, match=rf"pad_id must be an int token id, got {bad!r}"):
+            pad_sequences([[1, 2], [3]], bad)
+    with pytest.raises(TypeError, match=r"bos_id must be an int token id, got '<s>'"):
+        seq2seq_batch([[1]], [[2]], 0, "<s>")
+    with pytest.raises(ValueError, match="seqs: need at least one sequence to pad, got none"):
+        pad_sequences([], 0)
+    for bad, message in (("ab", "seqs must be a list of sequences of int token ids, got str"),
+                         (torch.zeros(2, 2), "seqs must be a list of sequences .* got Tensor"),
+                         ([[1], "ab"], r"seqs\[1\] must be a list of int token ids, got str"),
+                         ([[1], [2.0]], r"seqs\[1\] must be a list of int token ids, got list"),
+                         ([[1], 5], r"seqs\[1\] must be a list of int token ids, got int")):
+        with pytest.raises(TypeError, match=message):
+            pad_sequences(bad, 0)
+    with pytest.raises(TypeError, match=r"targets\[0\] must be a list of int token ids"):
+        seq2seq_batch([[1]], ["ab"], 0, 1)
+    ids, _ = pad_sequences([torch.tensor([4, 5]), (6,)], 0)  # tensors and tuples of ids
+    assert ids.tolist() == [[4, 5], [6, 0]]
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
+        random_windows(torch.arange(50), 2, 4, generator=0)
 
 
 # --- schedules -----------------------------------------------------------------------------
@@ -406,6 +426,24 @@ def _edit_state(folder, change):
     (lambda i: i["optimizer"]["param_groups"].pop(), "needs 2 parameter groups"),
     (lambda i: i["optimizer"]["param_groups"][0].pop("lr"), "group 0 must have the keys"),
     (lambda i: i["optimizer"]["param_groups"][1].update(params=[0]), "group 1 must list"),
+    (lambda i: i["optimizer"]["param_groups"][0].update(betas=[0.9, 0.99, 0.5]),
+     r"parameter group 0: betas must be a list of 2 numbers in \[0, 1\) \(as this "
+     r"optimiser's \(0.9, 0.99\)\), got \[0.9, 0.99, 0.5\]"),
+    (lambda i: i["optimizer"]["param_groups"][1].update(betas=[0.9, 1.5]),
+     r"group 1: betas must be a list of 2 numbers in \[0, 1\)"),
+    (lambda i: i["optimizer"]["param_groups"][0].update(betas=0.9), "betas must be a list of 2"),
+    (lambda i: i["optimizer"]["param_groups"][0].update(lr=-1.0),
+     "group 0: lr must be a finite number >= 0 .* got -1.0"),
+    (lambda i: i["optimizer"]["param_groups"][0].update(eps="1e-8"),
+     "eps must be a finite number >= 0 .* got '1e-8'"),
+    (lambda i: i["optimizer"]["param_groups"][0].update(weight_decay=None),
+     "weight_decay must be a finite number >= 0 .* got None"),
+    (lambda i: i["optimizer"]["param_groups"][0].update(amsgrad="no"),
+     "amsgrad must be true or false .* got 'no'"),
+    (lambda i: i["model"].pop("class"),
+     r"the 'model' entry must be \{'class': its class name, 'config': an object or null\}"),
+    (lambda i: i["model"].update({"class": 3}), "the 'model' entry must be"),
+    (lambda i: i["model"].update(config=[1, 2]), "the 'model' entry must be"),
 ])
 def test_damaged_state_json_is_refused(tmp_path, change, message):
     _, resume = _saved_run(tmp_path)
@@ -437,6 +475,53 @@ def test_damaged_optimizer_file_is_refused(tmp_path, change, message):
     _edit_tensors(tmp_path, change)
     with pytest.raises(ValueError, match=message):
         resume()
+
+
+def test_checkpoint_arguments_are_checked(tmp_path):
+    model = GPT(CONFIG)
+    optimizer = adamw(model, 1e-3)
+    for bad, message in ((None, "model must be an nn.Module, got NoneType"),):
+        with pytest.raises(TypeError, match=message):
+            save_checkpoint(tmp_path, bad)
+        with pytest.raises(TypeError, match=message):
+            load_checkpoint(tmp_path, bad)
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer or None, "
+                                        "got dict"):
+        save_checkpoint(tmp_path, model, {"lr": 1})
+    with pytest.raises(TypeError, match="directory must be a str or Path, got int"):
+        load_checkpoint(3, model, optimizer)
+    with pytest.raises(TypeError, match="state must be a dict .* got list"):
+        save_checkpoint(tmp_path, model, optimizer, state=[1])
+    with pytest.raises(TypeError, match="state must hold only what JSON can write"):
+        save_checkpoint(tmp_path, model, optimizer, state={"w": torch.zeros(1)})
+    with pytest.raises(TypeError, match="rng must be a dict of name -> tensor"):
+        save_checkpoint(tmp_path, model, optimizer, rng={"torch": 3})
+    assert not (tmp_path / "state.json").exists()  # nothing was written
+
+
+def test_adamw_and_clipping_check_their_arguments():
+    model = GPT(CONFIG)
+    for bad in (None, 0.9, "ab"):
+        with pytest.raises(TypeError, match=r"betas must be a pair of numbers \(beta1, "
+                                            r"beta2\), got"):
+            adamw(model, 1e-3, betas=bad)
+    with pytest.raises(ValueError, match=r"betas must be a pair of numbers \(beta1, beta2\), "
+                                         r"got \(0.9, 0.99, 0.5\)"):
+        adamw(model, 1e-3, betas=(0.9, 0.99, 0.5))
+    for bad in (-1e-8, math.nan, math.inf, "1e-8"):
+        with pytest.raises(ValueError, match="eps must be >= 0 and finite, got"):
+            adamw(model, 1e-3, eps=bad)
+    with pytest.raises(TypeError, match="model must be an nn.Module, got str"):
+        adamw("model", 1e-3)
+    w = torch.nn.Parameter(torch.ones(3))
+    w.grad = torch.full((3,), 4.0)
+    assert float(clip_grad_norm(w, 1.0)) == pytest.approx(48 ** 0.5)  # one tensor: its norm
+    assert float(w.grad.norm()) == pytest.approx(1.0, rel=1e-5)
+    for bad in (3, "w", None):
+        with pytest.raises(TypeError, match="params must be a tensor or an iterable of tensors"):
+            clip_grad_norm(bad, 1.0)
+    with pytest.raises(TypeError, match="params must be a tensor or an iterable of tensors"):
+        global_grad_norm([w, 1.0])
 
 
 def test_stop_at_before_the_checkpoint_is_refused(tmp_path):

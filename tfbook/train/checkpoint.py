@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
+
+from tfbook.config import is_number
 
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.safetensors", "state.json"
 
@@ -47,6 +51,19 @@ def save_checkpoint(
     state: dict[str, Any] | None = None, rng: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write model (+ optimiser, random states, loop state) into `directory`; return it."""
+    _check_objects(directory, model, optimizer)
+    if state is not None and not isinstance(state, dict):
+        raise TypeError(f"state must be a dict (the loop's state) or None, got "
+                        f"{type(state).__name__}")
+    if rng is not None and not (isinstance(rng, dict) and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in rng.items())):
+        raise TypeError(f"rng must be a dict of name -> tensor (random states) or None, got "
+                        f"{rng!r:.80}")
+    try:
+        json.dumps(state or {})
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"state must hold only what JSON can write (numbers, strings, lists, "
+                        f"dicts): {error}") from None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / MODEL_FILE))
@@ -60,6 +77,17 @@ def save_checkpoint(
     return directory
 
 
+def _check_objects(directory: object, model: object, optimizer: object) -> None:
+    """The arguments both save_checkpoint and load_checkpoint take, checked."""
+    if not isinstance(directory, str | Path):
+        raise TypeError(f"directory must be a str or Path, got {type(directory).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer or None, got "
+                        f"{type(optimizer).__name__}")
+
+
 def _read_state(directory: Path) -> dict[str, Any]:
     path = directory / STATE_FILE
     if not path.is_file():
@@ -70,6 +98,11 @@ def _read_state(directory: Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
     if not isinstance(info, dict) or not isinstance(info.get("model"), dict):
         raise ValueError(f"{path} must hold an object with a 'model' entry, got {info!r:.80}")
+    model = info["model"]
+    if set(model) != {"class", "config"} or not isinstance(model["class"], str) or not (
+            model["config"] is None or isinstance(model["config"], dict)):
+        raise ValueError(f"{path}: the 'model' entry must be {{'class': its class name, "
+                         f"'config': an object or null}}, got {model!r:.120}")
     extra = sorted(set(info) - {"model", "loop", "optimizer"})
     if extra or not isinstance(info.get("loop"), dict):
         raise ValueError(f"{path} must hold 'model', 'loop' (an object) and optionally "
@@ -111,9 +144,34 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Op
     return state
 
 
+RATES = ("lr", "initial_lr", "eps", "weight_decay", "momentum", "dampening")  # numbers >= 0
+
+
+def _check_setting(key: str, saved: object, current: object, where: str) -> None:
+    """A saved setting must be of the kind the optimiser's own is: true/false for a flag, a
+    finite number for a number (>= 0 for RATES), as many numbers as a tuple (betas: each in
+    [0, 1)). What JSON cannot hold (a tensor) or None is left to torch."""
+    if isinstance(current, bool):
+        ok, expected = isinstance(saved, bool), "true or false"
+    elif isinstance(current, numbers.Real):
+        low = 0 if key in RATES else -math.inf
+        ok = is_number(saved) and math.isfinite(saved) and saved >= low
+        expected = "a finite number" + (" >= 0" if key in RATES else "")
+    elif isinstance(current, tuple | list):
+        low, high = (0.0, 1.0) if key == "betas" else (-math.inf, math.inf)
+        ok = isinstance(saved, list | tuple) and len(saved) == len(current) and all(
+            is_number(x) and math.isfinite(x) and low <= x < high for x in saved)
+        expected = f"a list of {len(current)} numbers" + (" in [0, 1)" if key == "betas" else "")
+    else:
+        return
+    if not ok:
+        raise ValueError(f"{where}: {key} must be {expected} (as this optimiser's "
+                         f"{current!r}), got {saved!r:.60}")
+
+
 def _param_groups(saved: object, optimizer: torch.optim.Optimizer, where: Path) -> list[dict]:
     """The saved settings of each parameter group, checked against the optimiser's: as many
-    groups, the same keys, as many parameters in each."""
+    groups, the same keys, as many parameters in each, each setting of the same kind."""
     current = optimizer.param_groups
     if not isinstance(saved, list) or len(saved) != len(current) or not all(
         isinstance(g, dict) for g in saved
@@ -128,6 +186,9 @@ def _param_groups(saved: object, optimizer: torch.optim.Optimizer, where: Path) 
         if not isinstance(old["params"], list) or len(old["params"]) != len(new["params"]):
             raise ValueError(f"{where}: parameter group {i} must list {len(new['params'])} "
                              f"parameters, got {old['params']!r:.60}")
+        for key, value in old.items():
+            if key != "params":
+                _check_setting(key, value, new[key], f"{where}: parameter group {i}")
         betas = old.get("betas")
         groups.append({**old, "betas": tuple(betas)} if isinstance(betas, list) else old)
     return groups  # JSON made the betas tuple a list
@@ -141,6 +202,7 @@ def load_checkpoint(
     Raises ValueError if the checkpoint belongs to another model class or config, or if a
     tensor is missing, extra or of another shape.
     """
+    _check_objects(directory, model, optimizer)
     directory = Path(directory)
     info = _read_state(directory)
     expected, found = describe_model(model), info["model"]

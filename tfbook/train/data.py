@@ -59,6 +59,9 @@ def random_windows(
     left by one token. The `generator` decides the starts (seeded: reproducible batches)."""
     check_stream(ids)
     check_sizes(batch_size=batch_size, T=T)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
     if len(ids) < T + 1:
         raise ValueError(f"a window of T + 1 = {T + 1} tokens needs a stream at least that "
                          f"long, got {len(ids)} tokens")
@@ -116,13 +119,32 @@ def eval_windows(ids: Tensor, batch_size: int, T: int,
     return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(x), batch_size)]
 
 
+def _id_lists(seqs: object, name: str) -> list[list[int]]:
+    """A non-empty list of sequences of int ids (lists, tuples or 1-D integer tensors)."""
+    if isinstance(seqs, str | bytes | Tensor) or not isinstance(seqs, Sequence):
+        raise TypeError(f"{name} must be a list of sequences of int token ids, got "
+                        f"{type(seqs).__name__}")
+    if not seqs:
+        raise ValueError(f"{name}: need at least one sequence to pad, got none")
+    rows = []
+    for k, seq in enumerate(seqs):
+        if isinstance(seq, Tensor) and seq.dim() == 1 and not (
+                seq.is_floating_point() or seq.is_complex() or seq.dtype == torch.bool):
+            seq = seq.tolist()
+        if isinstance(seq, str | bytes) or not isinstance(seq, Sequence) or not all(
+                is_int(t) for t in seq):
+            raise TypeError(f"{name}[{k}] must be a list of int token ids, got "
+                            f"{type(seq).__name__} {seq!r:.40}")
+        rows.append([int(t) for t in seq])
+    return rows
+
+
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Right-pad id lists to one length: ids (B, L) and a mask (B, L), True at real tokens."""
-    if not seqs:
-        raise ValueError("need at least one sequence to pad, got none")
-    rows = [list(s) for s in seqs]
-    if any(not all(is_int(t) for t in row) for row in rows):
-        raise TypeError("each sequence must be a list of int token ids")
+    rows = _id_lists(seqs, "seqs")
+    if not is_int(pad_id):
+        raise TypeError(f"pad_id must be an int token id, got {pad_id!r} of type "
+                        f"{type(pad_id).__name__}")
     L = max(len(row) for row in rows)
     ids = torch.full((len(rows), L), pad_id, dtype=torch.long)  # (B, L)
     mask = torch.zeros(len(rows), L, dtype=torch.bool)  # (B, L)
@@ -138,11 +160,15 @@ def seq2seq_batch(
     """A padded encoder-decoder batch: src (B, S) with src_mask, the decoder input
     [BOS] + target[:-1] (B, T) with tgt_mask, and the targets (B, T) with IGNORE_INDEX where
     padded, so that padding never counts in the loss."""
+    sources, targets = _id_lists(sources, "sources"), _id_lists(targets, "targets")
     if len(sources) != len(targets):
         raise ValueError(f"sources and targets must pair up, got {len(sources)} and "
                          f"{len(targets)}")
     if any(len(t) == 0 for t in targets):
         raise ValueError("every target needs at least one token, got an empty one")
+    if not is_int(bos_id):
+        raise TypeError(f"bos_id must be an int token id, got {bos_id!r} of type "
+                        f"{type(bos_id).__name__}")
     src, src_mask = pad_sequences(sources, pad_id)
     tgt, tgt_mask = pad_sequences(targets, pad_id)  # (B, T)
     inp = torch.cat([torch.full_like(tgt[:, :1], bos_id), tgt[:, :-1]], dim=1)  # shifted right
