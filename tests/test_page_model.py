@@ -34,13 +34,16 @@ from tfbook.widgets.base import STATIC
 from tfbook.widgets.page_model import (
     JS_SPLIT_PATTERNS,
     code_point_ranges,
+    estimated_payload_bytes,
     export_page_model,
+    page_parameters,
     page_tokenizer,
     page_weights,
     payload_bytes,
     payload_json,
     quantise,
     quantised_reference,
+    run_in_node,
     token_label,
 )
 
@@ -269,6 +272,36 @@ def test_bad_arguments_are_clear_errors(model: GPT, bpe: BPETokenizer) -> None:
         page_weights(payload)
     with pytest.raises(ValueError, match="expected a payload of export_page_model"):
         page_weights({"weights": {}})
+
+
+def test_the_helpers_check_their_arguments(model: GPT, bpe: BPETokenizer) -> None:
+    w = torch.ones(2, 3)
+    with pytest.raises(ValueError, match=r"dtype must be one of \('float32', 'float16', "
+                                         r"'int8'\), got 'bfloat16'"):
+        quantise("w", w, "bfloat16")  # never silently int8
+    for bad, got in ((w.long(), "a torch.int64 tensor of shape \\(2, 3\\)"),
+                     (torch.ones(2, 2, 2), "a torch.float32 tensor of shape \\(2, 2, 2\\)"),
+                     ([[1.0]], "list")):
+        with pytest.raises(TypeError, match=rf"weight w must be a floating tensor, a vector or a "
+                                            rf"matrix, got {got}"):
+            quantise("w", bad, "float32")
+    for function in (page_parameters, lambda m: estimated_payload_bytes(m, "float16")):
+        with pytest.raises(TypeError, match="model must be a tfbook GPT .* got NoneType"):
+            function(None)
+    for bad in (-1, bpe.vocab_size, 2.0, True, "a"):
+        with pytest.raises(ValueError, match=rf"token_id must be an int in \[0, "
+                                             rf"{bpe.vocab_size}\) \(the tokenizer's "
+                                             rf"vocab_size\), got"):
+            token_label(bpe, bad)
+    with pytest.raises(TypeError, match="tokenizer must be a tfbook BPETokenizer, got NoneType"):
+        token_label(None, 65)
+    payload = export_page_model(model, bpe, "float32")
+    payload["config"]["bias"] = "no"
+    with pytest.raises(ValueError, match="a payload config's bias must be true or false, got "
+                                         "'no'"):
+        page_weights(payload)
+    with pytest.raises(ValueError, match="expected a payload of export_page_model"):
+        run_in_node({"format": "other"}, "hi")  # refused before Node.js starts
 
 
 # --- Chromium: parity, speed, hostile text -------------------------------------------------

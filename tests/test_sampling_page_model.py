@@ -171,6 +171,34 @@ def test_bad_arguments_are_clear_errors(gpt: GPT, bpe: BPETokenizer) -> None:
         SamplingWidget.from_page_model(big, bpe, "Hi", dtype="float32")
 
 
+def test_page_generation_without_a_tokenizer_or_model_is_a_clear_error(gpt: GPT,
+                                                                          bpe: BPETokenizer
+                                                                          ) -> None:
+    for bad in (None, "bytes", {}):
+        with pytest.raises(TypeError, match=r"tokenizer must be a tfbook BPETokenizer \(the "
+                                            r"page's tokenizer; BPETokenizer\(\{\}\) for plain "
+                                            rf"bytes\), got {type(bad).__name__}"):
+            page_generation(gpt, bad, "Hi", 3)
+    with pytest.raises(TypeError, match=r"model must be a tfbook GPT \(tfbook.models.gpt.GPT\), "
+                                        r"got NoneType"):
+        page_generation(None, bpe, "Hi", 3)
+    logits = torch.randn(10)
+    with pytest.raises(TypeError, match=r"logits must be one step's floating tensor \(V,\), got "
+                                        r"a torch.float32 tensor of shape \(1, 10\)"):
+        page_next_token(logits[None], 1.0, None, None, mulberry32(0))
+    with pytest.raises(TypeError, match="random must be a function"):
+        page_next_token(logits, 1.0, None, None, 0.5)
+    with pytest.raises(ValueError, match="temperature must be between 0"):
+        page_next_token(logits, -1.0, None, None, mulberry32(0))
+    with pytest.raises(TypeError, match="ids must be a list of token ids, got str"):
+        fit_prompt("abc", 6, 3)
+    for name, args in (("max_len", (0, 3)), ("max_new_tokens", (6, -1))):
+        with pytest.raises(ValueError, match=rf"{name} must be between"):
+            fit_prompt([1, 2], *args)
+    with pytest.raises(TypeError, match="max_len must be an int, got float"):
+        fit_prompt([1, 2], 6.0, 3)
+
+
 def test_the_script_makes_no_request() -> None:
     script = SamplingWidget._esm
     assert "fetch(" not in script and "XMLHttpRequest" not in script and "import(" not in script

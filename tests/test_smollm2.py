@@ -215,6 +215,22 @@ def test_gguf_to_hf_qk_bad_shapes():
         gguf_to_hf_qk(torch.zeros(10, 3), 4)
     with pytest.raises(ValueError, match="even head size.*9 rows for n_heads=3"):
         gguf_to_hf_qk(torch.zeros(9, 3), 3)
+    for bad in (0, -3, True, 2.0, "3", None):  # zero heads once divided by zero
+        with pytest.raises(ValueError, match=rf"n_heads must be an int >= 1 \(n_kv_heads for "
+                                             rf"W_K\), got {re.escape(repr(bad))}"):
+            gguf_to_hf_qk(torch.zeros(8, 3), bad)
+    for bad, got in ((torch.zeros(8), r"a tensor of shape \(8,\)"), ([[0.0]], "list")):
+        with pytest.raises(TypeError, match=rf"weight must be a matrix \(n_heads \* D, C\), "
+                                            rf"got {got}"):
+            gguf_to_hf_qk(bad, 1)
+
+
+def test_chat_helpers_check_their_flags_and_tokenizer():
+    with pytest.raises(TypeError, match="add_generation_prompt must be True or False, got 'no'"):
+        smollm2_chat_prompt([{"role": "user", "content": "Hi"}], "no")
+    with pytest.raises(TypeError, match=r"tokenizer must be SmolLM2's VocabBPETokenizer "
+                                        r"\(load_smollm2_tokenizer\(\)\), got NoneType"):
+        smollm2.smollm2_chat_ids(None, [{"role": "user", "content": "Hi"}])
 
 
 def test_both_rope_layouts_give_the_same_attention_scores(gguf_file):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import numbers
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -293,6 +294,12 @@ def gguf_to_hf_qk(weight: Tensor, n_heads: int) -> Tensor:
     (a_n, b_n) is plane n. The attention scores are unchanged: q.k sums over the same
     planes, only listed in another order. Pass n_heads = n_kv_heads for W_K.
     """
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        got = (f"a tensor of shape {tuple(weight.shape)}" if isinstance(weight, Tensor)
+               else type(weight).__name__)
+        raise TypeError(f"weight must be a matrix (n_heads * D, C), got {got}")
+    if isinstance(n_heads, bool) or not isinstance(n_heads, numbers.Integral) or n_heads < 1:
+        raise ValueError(f"n_heads must be an int >= 1 (n_kv_heads for W_K), got {n_heads!r}")
     rows, C = weight.shape
     if rows % n_heads != 0 or (rows // n_heads) % 2 != 0:
         raise ValueError(f"expected a weight of n_heads * D rows with an even head size D, got "
@@ -382,6 +389,11 @@ def load_smollm2_tokenizer(path: str | Path | None = None) -> VocabBPETokenizer:
                              eos_id=eos)
 
 
+def _check_flag(name: str, value: object) -> None:
+    if value is not True and value is not False:
+        raise TypeError(f"{name} must be True or False, got {value!r:.40}")
+
+
 def _chat_turns(messages: list[dict[str, str]]) -> list[tuple[str, str]]:
     """(role, content) of every turn, the default system prompt first when none is given."""
     if not isinstance(messages, list):
@@ -417,6 +429,7 @@ def smollm2_chat_prompt(
     <|im_start|>assistant
     <BLANKLINE>
     """
+    _check_flag("add_generation_prompt", add_generation_prompt)
     parts = [f"<|im_start|>{role}\n{content}<|im_end|>\n"
              for role, content in _chat_turns(messages)]
     if add_generation_prompt:
@@ -435,6 +448,10 @@ def smollm2_chat_ids(
     cannot forge a turn: those characters are encoded as text, not as the special tokens the
     template itself places.
     """
+    if not isinstance(tokenizer, VocabBPETokenizer):
+        raise TypeError(f"tokenizer must be SmolLM2's VocabBPETokenizer "
+                        f"(load_smollm2_tokenizer()), got {type(tokenizer).__name__}")
+    _check_flag("add_generation_prompt", add_generation_prompt)
     start, end = (tokenizer.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>"))
     ids: list[int] = []
     for role, content in _chat_turns(messages):

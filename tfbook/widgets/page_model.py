@@ -106,6 +106,7 @@ def check_dtype(dtype: object) -> str:
 def page_parameters(model: GPT) -> dict[str, Tensor]:
     """The tensors the page needs, by their torch names: the state dict without the tied
     lm_head.weight (it is tok_emb.weight)."""
+    check_page_model(model)
     return {name: tensor.detach().to("cpu", torch.float32)
             for name, tensor in model.state_dict().items() if name != "lm_head.weight"}
 
@@ -121,6 +122,13 @@ def quantise(name: str, weight: Tensor, dtype: str) -> dict[str, Any]:
     block a row, scale_r = max_c |w_rc| / 127, q_rc = round(w_rc / scale_r) (a row of zeros:
     scale 1, q 0).
     """
+    check_dtype(dtype)
+    if not isinstance(weight, Tensor) or not weight.is_floating_point() or not (
+            1 <= weight.dim() <= 2):
+        got = (f"a {weight.dtype} tensor of shape {tuple(weight.shape)}"
+               if isinstance(weight, Tensor) else type(weight).__name__)
+        raise TypeError(f"weight {name} must be a floating tensor, a vector or a matrix, got "
+                        f"{got}")
     if not bool(torch.isfinite(weight).all()):
         raise ValueError(f"weight {name} holds NaN or infinite values: the page cannot run it")
     w = weight.detach().to("cpu", torch.float32).numpy().astype("<f4")
@@ -173,6 +181,13 @@ def dequantise(name: str, entry: dict[str, Any]) -> Tensor:
 
 def page_weights(payload: dict[str, Any]) -> dict[str, Tensor]:
     """The weights a payload holds, decoded as the page decodes them: name -> float32 tensor."""
+    check_payload(payload)
+    return {name: dequantise(name, entry) for name, entry in payload["weights"].items()}
+
+
+def check_payload(payload: object) -> None:
+    """A payload of export_page_model: its format, a config, and exactly the weights that
+    config needs, each of the shape it needs (the data itself is checked when decoded)."""
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"expected a payload of export_page_model (format {FORMAT!r}), got "
                          f"{type(payload).__name__}")
@@ -187,7 +202,6 @@ def page_weights(payload: dict[str, Any]) -> dict[str, Tensor]:
         if shape != expected[name]:
             raise ValueError(f"weight {name}: its config needs shape {expected[name]}, the "
                              f"payload says {shape!r:.60}")
-    return {name: dequantise(name, entry) for name, entry in weights.items()}
 
 
 def page_shapes(config: object) -> dict[str, list[int]]:
@@ -204,6 +218,8 @@ def page_shapes(config: object) -> dict[str, list[int]]:
         **{f"attn.{p}": (C, C) for p in ("q_proj", "k_proj", "v_proj", "out_proj")},
         "ff.fc_in": (F, C), "ff.fc_out": (C, F)}
     bias = config.get("bias", True)  # False: no linear or LayerNorm biases
+    if not isinstance(bias, bool):
+        raise ValueError(f"a payload config's bias must be true or false, got {bias!r:.40}")
     shapes = {"tok_emb.weight": [V, C], "pos_emb.weight": [T, C], "norm_f.weight": [C]}
     if bias:
         shapes["norm_f.bias"] = [C]
@@ -277,6 +293,13 @@ def token_label(tokenizer: BPETokenizer, token_id: int) -> str:
     >>> token_label(BPETokenizer({}), 0xF0)  # the first byte of a 4-byte character
     '‹f0›'
     """
+    if not isinstance(tokenizer, BPETokenizer):
+        raise TypeError(f"tokenizer must be a tfbook BPETokenizer, got "
+                        f"{type(tokenizer).__name__}")
+    if isinstance(token_id, bool) or not isinstance(token_id, int | np.integer) or not (
+            0 <= token_id < tokenizer.vocab_size):
+        raise ValueError(f"token_id must be an int in [0, {tokenizer.vocab_size}) (the "
+                         f"tokenizer's vocab_size), got {token_id!r:.40}")
     data = tokenizer.decode_bytes([token_id])
     text, piece, i = [], [], 0
     while i < len(data):
@@ -347,6 +370,7 @@ def estimated_payload_bytes(model: GPT, dtype: str) -> int:
     """The bytes of the weights in the payload, from the parameter counts alone (before any
     encoding): base64 of 4, 2 or 1 bytes a number (matrices; vectors stay float32), plus a
     float32 scale per row of an int8 matrix. A lower bound of payload_bytes."""
+    check_page_model(model)
     check_dtype(dtype)
     width = {"float32": 4, "float16": 2, "int8": 1}[dtype]
     total = 0
@@ -432,6 +456,7 @@ def run_in_node(payload: dict[str, Any], text: str) -> dict[str, Any]:
     output layer for the last position only}, for comparing with PyTorch in a notebook."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"text must be a non-empty str, got {text!r:.60}")
+    check_payload(payload)  # a payload of export_page_model, before Node.js reads it
     node = shutil.which("node")
     if node is None:
         raise RuntimeError("run_in_node needs Node.js (apt-get install nodejs), not found")

@@ -282,6 +282,15 @@ def page_next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
     """The page's draw (gpt.js `nextToken`) from one step's (V,) logits: the argmax at
     temperature 0 (no number drawn), else filter_logits, the softmax in float64 and the first
     token whose running sum passes u = random() (inverse transform sampling)."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 1 or not (
+            logits.is_floating_point()):
+        got = (f"a {logits.dtype} tensor of shape {tuple(logits.shape)}"
+               if isinstance(logits, torch.Tensor) else type(logits).__name__)
+        raise TypeError(f"logits must be one step's floating tensor (V,), got {got}")
+    temperature, top_k, top_p = check_settings(temperature, top_k, top_p)
+    if not callable(random):
+        raise TypeError(f"random must be a function () -> a number in [0, 1) (mulberry32), got "
+                        f"{type(random).__name__}")
     if temperature == 0:
         return int(logits.argmax())  # the first of tied maxima, as the page's argmax
     scores = filter_logits(logits.float(), temperature, top_k, top_p).double().numpy()  # (V,)
@@ -300,6 +309,10 @@ def fit_prompt(ids: Sequence[int], max_len: int, max_new_tokens: int) -> tuple[l
     >>> fit_prompt([1, 2, 3, 4, 5], max_len=6, max_new_tokens=3)
     ([3, 4, 5], 2)
     """
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+        raise TypeError(f"ids must be a list of token ids, got {type(ids).__name__}")
+    max_len = _check_int("max_len", max_len, 1, 2**31)
+    max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 0, 2**31)
     room = max(1, max_len - max_new_tokens)
     dropped = max(0, len(ids) - room)
     return list(ids[dropped:]), dropped
@@ -314,6 +327,12 @@ def page_generation(model: GPT, tokenizer: BPETokenizer, prompt: str, max_new_to
     sampler (`page_next_token` drawing from mulberry32(seed)), until max_new_tokens or the
     context is full. Returns the widget's generation (prompt tokens, (N, V) logits, chosen
     ids, token text) and the number of prompt tokens dropped."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"model must be a tfbook GPT (tfbook.models.gpt.GPT), got "
+                        f"{type(model).__name__}")
+    if not isinstance(tokenizer, BPETokenizer):
+        raise TypeError(f"tokenizer must be a tfbook BPETokenizer (the page's tokenizer; "
+                        f"BPETokenizer({{}}) for plain bytes), got {type(tokenizer).__name__}")
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}: {prompt!r:.60}")
     max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1, MAX_NEW_TOKENS)
