@@ -67,7 +67,7 @@ def _intro() -> list[Figure]:
                      title="encoder and decoder masks")
 
     return [("intro", "families", fam), ("intro", "decoder stack", stack),
-            ("intro", "masks", mask_figure)]
+            ("intro", "encoder and decoder masks", mask_figure)]
 
 
 def _text() -> list[Figure]:
@@ -147,7 +147,7 @@ def _attention() -> list[Figure]:
 
     return [("attention/self_attention", "attention path", path),
             ("attention/multi_head_attention", "head split", split),
-            ("attention/masks_and_cross_attention", "masks", mask_figure),
+            ("attention/masks_and_cross_attention", "combined masks", mask_figure),
             ("attention/masks_and_cross_attention", "cross-attention", cross),
             ("attention/attention_backprop", "backward graph", backward)]
 
@@ -220,7 +220,7 @@ def _architectures() -> list[Figure]:
 
     return [("architectures/transformer_block", "pre-LN and post-LN", blocks),
             ("architectures/transformer_block", "MLP and SwiGLU", ffns),
-            ("architectures/gpt", "decoder stack", gpt),
+            ("architectures/gpt", "GPT with targets", gpt),
             ("architectures/encoder_bert", "BERT input", bert),
             ("architectures/decoder_seq2seq", "decoder block", dec_block),
             ("architectures/decoder_seq2seq", "encoder-decoder", encdec)]

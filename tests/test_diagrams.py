@@ -94,10 +94,20 @@ def test_decoder_stack_labels_are_the_models_tensors() -> None:
     for i in range(model.config.n_layers):
         assert labels[f"blocks.{i}"] == (1, 9, model.config.d_model)
     # the tie is drawn because the matrix is one object, and its size is the parameter's
-    assert model.lm_head.weight is model.tok_emb.weight and "tied" in svg_texts(d)
+    assert model.lm_head.weight is model.tok_emb.weight and "tied:" in svg_texts(d)
     assert f"E: (V, C) = {tuple(model.tok_emb.weight.shape)}" in svg_texts(d)
     untied = decoder_stack(trace(gpt(tie_weights=False), IDX))
-    assert "tied" not in svg_texts(untied)
+    assert "tied:" not in svg_texts(untied)
+    # blocks are counted from 0, as in the code (blocks.0) and the notation appendix
+    assert [t for t in svg_texts(d) if t.startswith("block ")] == ["block 0", "block 1"]
+    # the tie is a dashed link without an arrowhead: nothing flows from the logits into E
+    assert d.wired and ("lm_head", "tok_emb") not in d.edges
+    assert ("tok_emb", "pos_emb") in d.edges and ("blocks.1", "norm_f") in d.edges
+    # with targets, the loss is computed from the logits and the targets
+    targets = torch.roll(IDX, -1, 1)
+    with_loss = decoder_stack(trace(model, IDX, targets), inputs=list("The cat s"),
+                              targets=list("he cat sa"))
+    assert {("lm_head", "loss"), ("targets", "loss")} <= set(with_loss.edges)
 
 
 def test_attention_labels_equal_hand_computed_shapes() -> None:
@@ -144,7 +154,7 @@ def test_bare_function_trace() -> None:
 
 
 @pytest.mark.parametrize("change, expect", [
-    ({"n_layers": 3}, "block 3"),
+    ({"n_layers": 3}, "block 2"),
     ({"n_heads": 8}, "H = 8 heads"),
     ({"n_kv_heads": 2}, "H_kv = 2"),
     ({"d_model": 96}, "(B, T, C) = (1, 9, 96)"),
@@ -194,7 +204,8 @@ def test_blocks_pre_and_post() -> None:
     check_labels(f)
     assert f.shape_labels["swiglu.ff.fc_gate"] == "(B, T, F) = (2, 6, 128)"
     assert "W_gate" not in svg_texts(ffn(trace(pre, x), "ff"))
-    assert "MLP: relu(x W_1) W_2" in svg_texts(f)  # the module's own activation
+    assert "MLP: relu(x W1) W2" in svg_texts(f)  # the module's own activation (subscripts)
+    assert f.wired and ("swiglu.ff.act", "swiglu.ff.dropout:input") in f.edges
     with pytest.raises(ValueError, match="an MLP .FeedForward. first"):
         ffns_side_by_side((tsw, "ff"), (trace(pre, x), "ff"))
     with pytest.raises(ValueError, match="not a FeedForward or SwiGLU"):
@@ -216,6 +227,11 @@ def test_encoder_decoder_and_families() -> None:
     assert labels["logits"] == tuple(out.logits.shape)
     assert labels["memory"] == tuple(model.encode(src)[0].shape)
     assert d.shape_labels["n_enc"] == "2 ×"
+    # the residual skips into each add & norm, and the memory into the cross-attention
+    memory = "encoder_norm" if model.encoder_norm is not None else "encoder.1"
+    assert d.wired and {("pos_enc", "encoder.0.norm1"), ("encoder.0.norm1", "encoder.0.norm2"),
+                        ("pos_enc#1", "decoder.0.norm1"), ("decoder.0.norm2", "decoder.0.norm3"),
+                        (memory, "decoder.0.cross_attn")} <= set(d.edges)
     deeper = encoder_decoder(trace(Transformer(replace(TransformerConfig.tiny(),
                                                        n_decoder_layers=3)).eval(), src, tgt))
     assert deeper.shape_labels["n_dec"] == "3 ×"
@@ -231,7 +247,7 @@ def test_encoder_decoder_and_families() -> None:
     bert = Bert(BertConfig.tiny()).eval()
     ids = torch.randint(0, 100, (1, 9))
     e = encoder_stack(trace(bert, ids))
-    assert numbers(e.shape_labels["hidden"]) == tuple(bert(ids).last_hidden_state.shape)
+    assert numbers(e.shape_labels["blocks"]) == tuple(bert(ids).last_hidden_state.shape)
     fam = families(trace(bert, ids), trace(gpt(), IDX), tr)
     check_labels(fam)
     assert fam.shape_labels["decoder.logits"] == "(B, T, V) = (1, 9, 256)"

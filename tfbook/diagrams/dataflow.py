@@ -14,7 +14,8 @@ from A, through unnamed steps only". Names (the shape labels' keys of the diagra
   a sub-module call's arguments as "<module>:<parameter>" ("blocks.0:x",
   "decoder.0.cross_attn:source"): an alias when the tensor already has a name;
 - each module call's output by the module's dotted name ("tok_emb", "blocks.0.attn");
-  the model's own output is "output", and the n-th further call of a module "<module>#n";
+  the model's own output is "output" (its loss, if it returns one, "loss"), and the n-th
+  further call of a module "<module>#n";
 - inside a `MultiHeadAttention` call "<attn>": ".q", ".k", ".v" (split into heads),
   ".keys", ".values" (everything the cache returns after appending), ".scores" (Q Kᵀ),
   ".scaled" (÷ √D), ".masked" (mask applied; an alias of ".scaled" without a mask),
@@ -379,6 +380,9 @@ class Recorder(TorchFunctionMode):
             main = _main_tensor(output)
             if main is not None:
                 self.name(main, base or "output")
+            loss = getattr(output, "loss", None)
+            if not base and isinstance(loss, Tensor):  # a model's output with its loss
+                self.name(loss, "loss")
         return hook
 
     def _watch_attention(self, module: nn.Module) -> None:

@@ -34,6 +34,11 @@ def _child(name: str, part: str) -> str:
     return f"{name}.{part}" if name else part
 
 
+def _arg(name: str, param: str) -> str:
+    """The dataflow name of argument `param` of module `name`'s call ("blocks.0:x")."""
+    return f"{name}:{param}" if name else param
+
+
 def _check_trace(tr: object, what: str = "trace") -> Trace:
     if not isinstance(tr, Trace):
         raise TypeError(f"{what} must be a tfbook.diagrams.Trace (from trace(model, ...)), "
@@ -55,7 +60,7 @@ def _kv_legend(at: AttentionTrace) -> tuple[str, ...]:
 
 def _heading(canvas: Canvas, text: str, cx: float, y: float) -> float:
     """A panel's heading centred at cx above y; returns where the panel's content starts."""
-    canvas.text(cx, y + FONT, text, FONT + 1, bold=True)
+    canvas.text(cx, y + FONT, text, FONT + 1, bold=True, sub=True)
     return y + FONT + 16
 
 
@@ -376,39 +381,46 @@ def _norm_title(tr: Trace, name: str) -> str:
     return {"LayerNorm": "LayerNorm", "RMSNorm": "RMSNorm"}.get(tr.kind(name), tr.kind(name))
 
 
-def _ffn_node(tr: Trace, name: str, letters: tuple[str, ...] = BTC) -> Node:
+def _ffn_node(tr: Trace, name: str, letters: tuple[str, ...] = BTC,
+              stack: bool = False) -> Node:
     kind = tr.kind(name)
     hidden = tr.shape(_child(name, "fc_in"))
     label = {"FeedForward": "FFN (MLP)", "SwiGLU": "FFN (SwiGLU)"}.get(kind, kind)
     return Node(label, tr.shape(name), letters, "ffn", name,
-                note=f"F = {hidden[-1]} hidden units")
+                note=f"F = {hidden[-1]}{chr(10) if stack else ' '}hidden units", flow=name,
+                stack=stack)
 
 
-def _attn_node(tr: Trace, name: str, title: str, letters: tuple[str, ...] = BTC) -> Node:
+def _attn_node(tr: Trace, name: str, title: str, letters: tuple[str, ...] = BTC,
+               stack: bool = False, note: str = "") -> Node:
     at = tr.attention(name)
     heads = f"H = {at.n_heads} heads"
     if at.n_kv_heads != at.n_heads:
         heads += f", H_kv = {at.n_kv_heads}"
-    return Node(title, at.out, letters, "attn", name, note=heads)
+    return Node(title, at.out, letters, "attn", name, note=note + heads, flow=name,
+                stack=stack)
 
 
 def block(tr: Trace, name: str, heading: str | None = None) -> Diagram:
     """One block: the residual stream as a vertical line, each sub-layer reading from it and
-    adding back into it (pre-LN: norm inside the branch; post-LN: norm on the stream)."""
+    adding back into it (pre-LN: norm inside the branch; post-LN: norm on the stream). Every
+    arrow, and every stretch of the stream, is a dependency of the traced call."""
     return Diagram(_block_canvas(_check_trace(tr), name, heading))
 
 
 def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
     kind = tr.kind(name)
     if kind == "SelfAttentionBlock":
-        subs = [(_attn_node(tr, _child(name, "attn"), "self-attention"), _child(name, "norm1")),
-                (_ffn_node(tr, _child(name, "ff")), _child(name, "norm2"))]
-    elif kind == "CrossAttentionBlock":
-        subs = [(_attn_node(tr, _child(name, "self_attn"), "masked self-attention"),
-                 _child(name, "norm1")),
-                (_attn_node(tr, _child(name, "cross_attn"), "cross-attention"),
-                 _child(name, "norm2")),
-                (_ffn_node(tr, _child(name, "ff")), _child(name, "norm3"))]
+        subs = [(_attn_node(tr, _child(name, "attn"), "self-attention"), "norm1"),
+                (_ffn_node(tr, _child(name, "ff")), "norm2")]
+    elif kind == "CrossAttentionBlock":  # narrower boxes: the memory sits beside them
+        subs = [(_attn_node(tr, _child(name, "self_attn"), "self-attention", stack=True,
+                            note="masked,\n"), "norm1"),
+                (_attn_node(tr, _child(name, "cross_attn"), "cross-attention", stack=True),
+                 "norm2"),
+                (_ffn_node(tr, _child(name, "ff"), stack=True), "norm3")]
+        for node, _ in subs:
+            node.wrap = 130.0
     else:
         raise ValueError(f"{name!r} is a {kind}, not a SelfAttentionBlock or CrossAttentionBlock")
     pre = bool(tr.module(name).norm_first)
@@ -420,40 +432,53 @@ def _block_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
         y = _heading(c, heading, branch / 2, y)
     x_in = tr.input_shape(name)
     centre = branch / 2  # the stream's first and last boxes straddle the bus
-    top = draw(c, Node("residual stream x", x_in, BTC, "stream", _child(name, "in")), centre, y)
+    stream = _input_flow(tr, name)  # the stream's value at this point of the drawing
+    top = draw(c, Node("residual stream x", x_in, BTC, "stream", _child(name, "in"),
+                       flow=stream, stack=kind == "CrossAttentionBlock"), centre, y)
     bus_from = top.bottom
     y = top.bottom + 18
-    for i, (node, norm_name) in enumerate(subs):
-        norm = Node(_norm_title(tr, norm_name), kind="norm")
+    for i, (node, norm_part) in enumerate(subs):
+        norm_flow = _child(name, norm_part)
+        norm = Node(_norm_title(tr, norm_flow), kind="norm", flow=norm_flow)
+        if pre:  # the sum is the next norm's input, or the block's output
+            total = f"{_child(name, subs[i + 1][1])}:x" if i + 1 < len(subs) else (name or
+                                                                                  "output")
+        else:
+            total = f"{norm_flow}:x"
         c.text(bx - 8, y + 4, "read", SMALL, anchor="end")
-        c.line([(bx, y), (branch, y), (branch, y + 16)])
+        c.line([(bx, y), (branch, y), (branch, y + 16)],
+               edge=(stream, norm.flow if pre else node.flow))
         y += 16
         if pre:
             r = draw(c, norm, branch, y)
-            c.arrow(branch, r.bottom, branch, r.bottom + 14)
+            c.arrow(branch, r.bottom, branch, r.bottom + 14, edge=(norm.flow, node.flow))
             y = r.bottom + 14
         r = draw(c, node, branch, y, width)
         if kind == "CrossAttentionBlock" and i == 1:  # the memory comes in from the side
             memory = Node("memory", tr.input_shape(name, index=1), BSC, "stream",
-                          _child(name, "memory"))
-            m = draw(c, memory, r.right + 30 + memory.width / 2, r.y)
-            c.arrow(m.x, r.cy, r.right, r.cy)
+                          _child(name, "memory"), flow=_arg(name, "memory"), stack=True)
+            m = draw(c, memory, r.right + 14 + memory.width / 2, r.y)
+            c.arrow(m.x, r.cy, r.right, r.cy, edge=(memory.flow, node.flow))
         y_add = r.bottom + 22
-        c.line([(branch, r.bottom), (branch, y_add), (bx + 11, y_add)])
-        c.bus(bx, bus_from, y_add - 11)
+        c.line([(branch, r.bottom), (branch, y_add), (bx + 11, y_add)], edge=(node.flow, total))
+        c.bus(bx, bus_from, y_add - 11, edge=(stream, total))
         c.adder(bx, y_add)
         c.text(bx - 16, y_add + 5, "add", SMALL, anchor="end")
         bus_from = y_add + 11
         y = y_add + 24
+        stream = total
         if not pre:
-            c.bus(bx, bus_from, y)
+            c.bus(bx, bus_from, y, edge=(stream, norm.flow))
             r = draw(c, norm, bx, y)
             bus_from = r.bottom
             y = r.bottom + 18
+            stream = norm.flow
     out_name = _child(name, "out")
     c.bus(bx, bus_from, y + 4)
-    c.arrow(bx, y + 4, bx, y + 14)
-    draw(c, Node("to the next block", tr.shape(name), BTC, "stream", out_name), centre, y + 14)
+    c.arrow(bx, y + 4, bx, y + 14, edge=(stream, name or "output"))
+    draw(c, Node("to the next block", tr.shape(name), BTC, "stream", out_name,
+                 flow=name or "output", stack=kind == "CrossAttentionBlock"), centre, y + 14)
+    _wire(c, tr.flow, within=name)
     return c
 
 
@@ -484,40 +509,47 @@ def _ffn_canvas(tr: Trace, name: str, heading: str | None) -> Canvas:
     act = _activation_name(tr.module(name).act)
     hidden = tr.shape(_child(name, "fc_in"))
     if heading == "":  # the formula, with this module's activation
-        heading = (f"MLP: {act}(x W_1) W_2" if kind == "FeedForward"
-                   else f"SwiGLU: ({act}(x W_gate) × x W_1) W_2")
+        heading = (f"MLP: {act}(x W_{{1}}) W_{{2}}" if kind == "FeedForward"
+                   else f"SwiGLU: ({act}(x W_{{gate}}) × x W_{{1}}) W_{{2}}")
     c = Canvas(heading or kind)
     y = _heading(c, heading, 0, 0) if heading else 0.0
-    top = draw(c, Node("x", tr.input_shape(name), BTC, key=_child(name, "in")), 0, y)
+    f = lambda part: _child(name, part)  # noqa: E731
+    BTF = ("B", "T", "F")
+    top = draw(c, Node("x", tr.input_shape(name), BTC, key=f("in"), flow=_input_flow(tr, name),
+                       stack=True), 0, y)
     y = top.bottom + GAP
+    out = Node("W_{2}: back to C", tr.shape(f("fc_out")), BTC, "ffn", f("fc_out"),
+               flow=f("fc_out"), stack=True)
     if kind == "FeedForward":
-        rects = column(c, [Node("W_1: widen", hidden, ("B", "T", "F"), "ffn",
-                                _child(name, "fc_in")),
-                           Node(act, kind="plain", note="one unit at a time"),
-                           Node("W_2: back to C", tr.shape(_child(name, "fc_out")), BTC, "ffn",
-                                _child(name, "fc_out"))], 0, y)
-        c.arrow(0, top.bottom, 0, y)
+        column(c, [Node("W_{1}: widen", hidden, BTF, "ffn", f("fc_in"), flow=f("fc_in"),
+                        stack=True),
+                   Node(act, hidden, BTF, "plain", f("act"), note="one unit at a time",
+                        flow=f("act"), stack=True),
+                   out], 0, y)
+        c.arrow(0, top.bottom, 0, y, edge=(_input_flow(tr, name), f("fc_in")))
     else:  # SwiGLU
-        gate_shape = tr.shape(_child(name, "fc_gate"))
-        gate, up = row(c, [Node("W_gate", gate_shape, ("B", "T", "F"), "ffn",
-                                _child(name, "fc_gate")),
-                           Node("W_1", hidden, ("B", "T", "F"), "ffn", _child(name, "fc_in"))],
-                       0, y)
-        for r in (gate, up):
-            c.line([(0, top.bottom), (0, top.bottom + 10), (r.cx, top.bottom + 10), (r.cx, r.y)])
+        gate_shape = tr.shape(f("fc_gate"))
+        gate_n = Node("W_{gate}", gate_shape, BTF, "ffn", f("fc_gate"), flow=f("fc_gate"),
+                      stack=True)
+        up_n = Node("W_{1}", hidden, BTF, "ffn", f("fc_in"), flow=f("fc_in"), stack=True)
+        gate, up = row(c, [gate_n, up_n], 0, y, gap=24)
+        for r, node in ((gate, gate_n), (up, up_n)):
+            c.line([(0, top.bottom), (0, top.bottom + 10), (r.cx, top.bottom + 10), (r.cx, r.y)],
+                   edge=(_input_flow(tr, name), node.flow))
         y = gate.bottom + GAP
-        g = draw(c, Node(act, kind="plain"), gate.cx, y)
-        c.arrow(gate.cx, gate.bottom, gate.cx, g.y)
+        act_n = Node(act, gate_shape, BTF, "plain", f("act"), flow=f("act"), stack=True)
+        g = draw(c, act_n, gate.cx, y)
+        c.arrow(gate.cx, gate.bottom, gate.cx, g.y, edge=(gate_n.flow, act_n.flow))
         y = g.bottom + GAP
-        c.line([(g.cx, g.bottom), (g.cx, y), (-11, y)])
-        c.line([(up.cx, up.bottom), (up.cx, y), (11, y)])
+        product = f"{f('dropout')}:input"  # gate × value: the input of the FFN's dropout
+        c.line([(g.cx, g.bottom), (g.cx, y), (-11, y)], edge=(act_n.flow, product))
+        c.line([(up.cx, up.bottom), (up.cx, y), (11, y)], edge=(up_n.flow, product))
         c.adder(0, y, "×")
         _side_note(c, 16, y + 24, "gate × value, unit by unit")
         y += 11 + GAP + 8
-        rects = [draw(c, Node("W_2: back to C", tr.shape(_child(name, "fc_out")), BTC, "ffn",
-                              _child(name, "fc_out")), 0, y)]
-        c.arrow(0, y - GAP - 8, 0, y)
-    del rects
+        draw(c, out, 0, y)
+        c.arrow(0, y - GAP - 8, 0, y, edge=(product, out.flow))
+    _wire(c, tr.flow, within=name)
     return c
 
 
@@ -551,15 +583,24 @@ def _visible(token: str) -> str:
     return repr(token)[1:-1].replace(" ", "␣") or "∅"
 
 
+def _input_flow(tr: Trace, name: str) -> str:
+    """The dataflow name of the first input of module `name` ("tok_emb:idx")."""
+    import inspect
+
+    first = next(iter(inspect.signature(tr.module(name).forward).parameters))
+    return _arg(name, first)
+
+
 def _shift_strip(c: Canvas, cx: float, y: float, inputs: list[str], targets: list[str],
-                 most: int = 8) -> None:
-    """Inputs over targets: target t is input t + 1, drawn as a diagonal arrow."""
+                 most: int = 8) -> Rect:
+    """Inputs over targets: target t is input t + 1, drawn as a diagonal arrow. Returns the
+    rectangle of the target row."""
     n = min(len(inputs), len(targets), most)
     cells = [_visible(t) for t in inputs[:n] + targets[:n]]
     w = max(text_width(t, SMALL, True) for t in cells) + 10
     w = max(w, 26.0)
-    total = n * (w + 6)
-    x0 = cx - total / 2 + 40
+    total = n * (w + 6) - 6
+    x0 = cx - total / 2 + 26
     c.text(x0 - 8, y + 18, "input", SMALL, anchor="end")
     c.text(x0 - 8, y + 76, "target", SMALL, anchor="end")
     for j in range(n):
@@ -568,17 +609,25 @@ def _shift_strip(c: Canvas, cx: float, y: float, inputs: list[str], targets: lis
             c.box(x, yy, w, 26, kind)
             c.text(x + w / 2, yy + 18, _visible(tok), SMALL, mono=True)
         if j + 1 < n:
-            c.arrow(x + w + 6 + w / 2, y + 26, x + w / 2, y + 58, dashed=True)
+            c.arrow(x + w + 6 + w / 2, y + 26, x + w / 2, y + 58, dashed=True,
+                    edge="the shift: target t is input t + 1, the same ids")
+    right = x0 + total
     if min(len(inputs), len(targets)) > n:
-        c.text(x0 + total + 4, y + 48, "…", FONT, anchor="start")
+        c.text(right + 4, y + 48, "…", FONT, anchor="start")
+        right += 16
+    return Rect(x0, y + 58, right - x0, 26)
 
 
 def decoder_stack(tr: Trace, inputs: list[str] | None = None, targets: list[str] | None = None,
                   compact: bool = False, heading: str | None = None) -> Diagram:
-    """A decoder-only model (GPT): ids, embeddings, N causal blocks, final norm, the LM head
-    tied to the token embedding, and (given the tokens) the input/target shift."""
+    """A decoder-only model (GPT): ids, embeddings, N causal blocks (counted from 0, as in the
+    code), final norm, the LM head tied to the token embedding, and (given the tokens) the
+    loss against the input shifted by one. Every arrow is a dependency of the traced pass."""
     return Diagram(_decoder_canvas(_check_trace(tr), _tokens("inputs", inputs),
                                    _tokens("targets", targets), compact, heading))
+
+
+WRAP = 190.0  # the notes of a model's column wrap here: the column fits a phone
 
 
 def _decoder_canvas(tr: Trace, inputs: list[str] | None, targets: list[str] | None,
@@ -589,68 +638,115 @@ def _decoder_canvas(tr: Trace, inputs: list[str] | None, targets: list[str] | No
     n = len(model.blocks)
     c = Canvas(heading or f"Decoder-only model, {n} blocks")
     y = _heading(c, heading, 0, 0) if heading else 0.0
-    nodes = [Node("token ids", tr.input_shape("tok_emb"), ("B", "T"), key="ids")]
+    st = compact  # two-line shapes in the narrow panel of `families`
+    nodes = [Node("token ids", tr.input_shape("tok_emb"), ("B", "T"), key="ids",
+                  flow=_input_flow(tr, "tok_emb"))]
     emb = tuple(model.tok_emb.weight.shape)
     nodes.append(Node("token embedding E", tr.shape("tok_emb"), BTC, "embed", "tok_emb",
-                      note="E: " + shape_label(("V", "C"), emb)))
+                      note="E: " + shape_label(("V", "C"), emb), flow="tok_emb", stack=st,
+                      wrap=WRAP))
     if "pos_emb" in tr.calls:
-        nodes.append(Node("+ position embedding", tr.shape("pos_emb"), BTC, "embed", "pos_emb"))
+        nodes.append(Node("+ position embedding", tr.shape("pos_emb"), BTC, "embed", "pos_emb",
+                          flow="pos_emb", stack=st))
     at = tr.attention("blocks.0.attn")
     heads = f"H = {at.n_heads}" + (f", H_kv = {at.n_kv_heads}" if at.n_kv_heads != at.n_heads
                                    else "")
     if compact or n > 3:
         nodes.append(Node(f"{n} × decoder block", tr.shape(f"blocks.{n - 1}"), BTC, "attn",
-                          "blocks", note=f"causal ({heads}), FFN"))
+                          "blocks", note=f"causal ({heads}), FFN", flow=f"blocks.{n - 1}",
+                          stack=st, wrap=WRAP))
     else:
         for i in range(n):
-            nodes.append(Node(f"block {i + 1}", tr.shape(f"blocks.{i}"), BTC, "attn",
-                              f"blocks.{i}", note=f"causal self-attention ({heads}), FFN"))
-    nodes.append(Node("final norm", tr.shape("norm_f"), BTC, "norm", "norm_f"))
+            nodes.append(Node(f"block {i}", tr.shape(f"blocks.{i}"), BTC, "attn",
+                              f"blocks.{i}", note=f"causal self-attention ({heads}), FFN",
+                              flow=f"blocks.{i}", wrap=WRAP))
+    nodes.append(Node("final norm", tr.shape("norm_f"), BTC, "norm", "norm_f", flow="norm_f",
+                      stack=st))
     tied = model.lm_head.weight is model.tok_emb.weight
     nodes.append(Node("LM head: logits", tr.shape("lm_head"), ("B", "T", "V"), "head", "logits",
-                      note="h Eᵀ: the same E, tied" if tied else "its own (V, C) matrix"))
+                      note="h Eᵀ: the same E, tied" if tied else "its own (V, C) matrix",
+                      flow="lm_head", stack=st, wrap=WRAP))
     rects = column(c, nodes, 0, y, same_width=True)
-    if tied:
+    if tied:  # one matrix in two places: a dashed link, no arrow (nothing flows along it)
         emb_r, head_r = rects[1], rects[-1]
-        xr = head_r.right + 20
+        xr = head_r.right + 16
         c.line([(head_r.right, head_r.cy), (xr, head_r.cy), (xr, emb_r.cy),
-                (emb_r.right, emb_r.cy)], dashed=True)
-        c.text(xr + 6, (emb_r.cy + head_r.cy) / 2, "tied", SMALL, anchor="start")
+                (emb_r.right, emb_r.cy)], arrow=False, dashed=True)
+        c.text(xr + 5, (emb_r.cy + head_r.cy) / 2 - 8, "tied:", SMALL, anchor="start")
+        c.text(xr + 5, (emb_r.cy + head_r.cy) / 2 + 8, "one E", SMALL, anchor="start")
     if inputs is not None and targets is not None:
-        y = rects[-1].bottom + 20
-        c.text(0, y + 12, "loss: cross-entropy of the logits at t against token t + 1", SMALL)
-        _shift_strip(c, 0, y + 26, inputs, targets)
+        logits = rects[-1]
+        y = logits.bottom + GAP
+        has_loss = "loss" in tr.flow
+        loss = Node("loss: cross-entropy", note="the logits at t against target t",
+                    kind="head", flow="loss" if has_loss else "", wrap=WRAP)
+        lr = draw(c, loss, 0, y)
+        c.arrow(0, logits.bottom, 0, y, edge=("lm_head", "loss") if has_loss else
+                "the loss of the logits (computed when the targets are given)")
+        strip = _shift_strip(c, 0, lr.bottom + 14, inputs, targets)
+        x_back = max(strip.right, lr.right) + 12
+        c.line([(strip.right, strip.cy), (x_back, strip.cy), (x_back, lr.cy), (lr.right, lr.cy)],
+               edge=("targets", "loss") if has_loss else "the targets the loss compares with")
+    _wire(c, tr.flow)
     return c
-
-
 def _frame(c: Canvas, nodes: list[Node], cx: float, y: float, count: int, label: str,
-           gap: float = 14, right: bool = False) -> list[Rect]:
-    """A dashed frame around a column of nodes, marked "N ×" on its left (or right)."""
-    width = max(n.width for n in nodes) + 20
+           skips: list[tuple[int, int]], entry: str, gap: float = 14,
+           right: bool = False, skips_right: bool = True) -> list[Rect]:
+    """A dashed frame around a column of nodes (one block), marked "N ×" on its left (or
+    right), with the residual stream's skips drawn inside it on its right (or left): (index
+    of the node holding the stream, -1 for the block's input `entry`; index of the add it
+    rejoins)."""
+    width = max(n.width for n in nodes) + 24
     height = sum(n.height for n in nodes) + gap * (len(nodes) - 1) + 20
     c.box(cx - width / 2, y, width, height, "plain", dashed=True)
     c.text(cx + width / 2 + 8 if right else cx - width / 2 - 8, y + height / 2 + 5,
            f"{count} ×", FONT, bold=True, anchor="start" if right else "end", key=label,
            shape=(count,))
-    return column(c, nodes, cx, y + 10, gap, same_width=True)
+    rects = column(c, nodes, cx, y + 10, gap, same_width=True)
+    side = 1 if skips_right else -1
+    x_skip = cx + side * (width / 2 - 6)
+    for start, end in skips:
+        y0 = y - 6 if start < 0 else rects[start].bottom + gap / 2
+        source = entry if start < 0 else nodes[start].flow
+        edge_x = rects[end].right if side > 0 else rects[end].x
+        c.line([(cx, y0), (x_skip, y0), (x_skip, rects[end].cy), (edge_x, rects[end].cy)],
+               edge=(source, nodes[end].flow), width=1.2)
+    return rects
 
 
-def _sublayers(pre: bool, first: Node, *more: Node) -> list[Node]:
-    out: list[Node] = []
-    for node in (first, *more):
-        if pre:
-            out += [Node("norm", kind="norm"), node, Node("add", kind="plain")]
+def _sublayers(block: str, pre: bool, subs: list[tuple[Node, str]]
+               ) -> tuple[list[Node], list[tuple[int, int]]]:
+    """The column of one block and its residual skips: each sub-layer with its norm (inside
+    the branch before it, pre-LN; on the stream after the add, post-LN), and the add where
+    the stream rejoins (-1: the block's input)."""
+    nodes: list[Node] = []
+    skips: list[tuple[int, int]] = []
+    stream = -1
+    for k, (node, norm_name) in enumerate(subs):
+        norm_flow = _child(block, norm_name)
+        if pre:  # the sum is the next norm's input, or the block's output
+            total = f"{_child(block, subs[k + 1][1])}:x" if k + 1 < len(subs) else block
+            nodes += [Node("norm", kind="norm", flow=norm_flow), node,
+                      Node("add", kind="plain", flow=total)]
         else:
-            out += [node, Node("add & norm", kind="norm")]
-    return out
+            nodes += [node, Node("add & norm", kind="norm", flow=norm_flow)]
+        skips.append((stream, len(nodes) - 1))
+        stream = len(nodes) - 1
+    return nodes, skips
 
 
 def encoder_decoder(tr: Trace, compact: bool = False, heading: str | None = None) -> Diagram:
-    """The encoder-decoder (Vaswani et al., figure 1) with the traced shapes."""
-    return Diagram(_encdec_canvas(_check_trace(tr), compact, heading))
+    """The encoder-decoder (Vaswani et al., figure 1) with the traced shapes: the residual
+    skips into every add & norm, the memory into every cross-attention. On a phone's column
+    the decoder stands under the encoder. Every arrow is a dependency of the traced pass."""
+    tr = _check_trace(tr)
+    wide = _encdec_canvas(tr, compact, heading)
+    narrow = _encdec_canvas(tr, compact, heading, stacked=True)
+    return Diagram(wide, narrow=[narrow])
 
 
-def _encdec_canvas(tr: Trace, compact: bool, heading: str | None) -> Canvas:
+def _encdec_canvas(tr: Trace, compact: bool, heading: str | None,
+                   stacked: bool = False) -> Canvas:
     if tr.kind("") != "Transformer":
         raise ValueError(f"encoder_decoder draws a Transformer, got a {tr.kind('')}")
     model = tr.model
@@ -667,63 +763,96 @@ def _encdec_canvas(tr: Trace, compact: bool, heading: str | None) -> Canvas:
     ff_e = tr.shape("encoder.0.ff.fc_in")
     ff_d = tr.shape("decoder.0.ff.fc_in")
     H = f"H = {enc_at.n_heads}"
+    memory_flow = "encoder_norm" if model.encoder_norm is not None else f"encoder.{n_enc - 1}"
+    dec_out = "decoder_norm" if model.decoder_norm is not None else f"decoder.{n_dec - 1}"
+    st = compact  # two-line shapes in the narrow panel of `families`
     if compact:
         enc_inner = [Node(f"{n_enc} × encoder block", tr.shape(f"encoder.{n_enc - 1}"), BSC,
-                          "attn", "encoder", note=f"attention ({H}), FFN")]
+                          "attn", "encoder", note=f"attention ({H}), FFN",
+                          flow=f"encoder.{n_enc - 1}", stack=st)]
         dec_inner = [Node(f"{n_dec} × decoder block", tr.shape(f"decoder.{n_dec - 1}"), BTC,
-                          "attn", "decoder", note="masked, cross, FFN")]
+                          "attn", "decoder", note="masked, cross, FFN", flow=dec_out, stack=st)]
+        enc_skips: list[tuple[int, int]] = []
+        dec_skips: list[tuple[int, int]] = []
         cross_index = 0
     else:
-        enc_inner = _sublayers(pre, Node("self-attention", enc_at.weights, ("B", "H", "S", "S"),
-                                         "attn", "enc_weights", note=H),
-                               Node("FFN", ff_e, ("B", "S", "F"), "ffn", "enc_ffn"))
-        dec_inner = _sublayers(pre, Node("masked self-attention", self_at.weights,
-                                         ("B", "H", "T", "T"), "attn", "dec_self", note=H),
-                               Node("cross-attention", cross_at.weights, WEIGHTS, "attn",
-                                    "cross", note="Q: decoder, K, V: memory"),
-                               Node("FFN", ff_d, ("B", "T", "F"), "ffn", "dec_ffn"))
+        enc_inner, enc_skips = _sublayers("encoder.0", pre, [
+            (Node("self-attention", enc_at.weights, ("B", "H", "S", "S"), "attn", "enc_weights",
+                  note=H, flow="encoder.0.attn", stack=stacked), "norm1"),
+            (Node("FFN", ff_e, ("B", "S", "F"), "ffn", "enc_ffn", flow="encoder.0.ff",
+                  stack=stacked), "norm2")])
+        dec_inner, dec_skips = _sublayers("decoder.0", pre, [
+            (Node("masked self-attention", self_at.weights, ("B", "H", "T", "T"), "attn",
+                  "dec_self", note=H, flow="decoder.0.self_attn", stack=stacked), "norm1"),
+            (Node("cross-attention", cross_at.weights, WEIGHTS, "attn", "cross",
+                  note="Q: decoder, K, V: memory", flow="decoder.0.cross_attn",
+                  stack=stacked), "norm2"),
+            (Node("FFN", ff_d, ("B", "T", "F"), "ffn", "dec_ffn", flow="decoder.0.ff",
+                  stack=stacked), "norm3")])
         cross_index = 4 if pre else 2
-    w_enc = max(n.width for n in enc_inner) + (0 if compact else 20)
-    w_dec = max(n.width for n in dec_inner) + (0 if compact else 20)
+    w_enc = max(n.width for n in enc_inner) + (0 if compact else 24)
+    w_dec = max(n.width for n in dec_inner) + (0 if compact else 24)
     xe = 0.0
-    xd = w_enc / 2 + (70 if compact else 80) + w_dec / 2
+    xd = 0.0 if stacked else w_enc / 2 + (70 if compact else 80) + w_dec / 2
     c = Canvas(heading or "Encoder-decoder transformer")
     y0 = _heading(c, heading, xd / 2, 0) if heading else 0.0
     # encoder column
-    head_e = column(c, [Node("source ids", src_ids, ("B", "S"), key="src"),
-                        Node("embed × √C + PE", src_x, BSC, "embed", "src_x")], xe, y0,
-                    same_width=True)
+    src_x_flow = "pos_enc"
+    head_e = column(c, [Node("source ids", src_ids, ("B", "S"), key="src",
+                             flow=_input_flow(tr, "src_emb")),
+                        Node("embed × √C + PE", src_x, BSC, "embed", "src_x", flow=src_x_flow,
+                             stack=st)], xe, y0, same_width=True)
     y = head_e[-1].bottom + GAP
-    c.arrow(xe, head_e[-1].bottom, xe, y)
+    c.arrow(xe, head_e[-1].bottom, xe, y, edge=(src_x_flow, enc_inner[0].flow))
     enc = (column(c, enc_inner, xe, y) if compact
-           else _frame(c, enc_inner, xe, y, n_enc, "n_enc"))
+           else _frame(c, enc_inner, xe, y, n_enc, "n_enc", enc_skips, src_x_flow))
     end = enc[-1].bottom + (0 if compact else 10)
     y = end + GAP
-    c.arrow(xe, end, xe, y)
+    c.arrow(xe, end, xe, y, edge=(enc_inner[-1].flow, memory_flow))
     memory = (tr.shape(f"encoder.{n_enc - 1}") if model.encoder_norm is None
               else tr.shape("encoder_norm"))
-    mem = draw(c, Node("memory", memory, BSC, "stream", "memory", note="the encoder's output"),
-               xe, y)
-    # decoder column
+    mem = draw(c, Node("memory", memory, BSC, "stream", "memory", note="the encoder's output",
+                       flow=memory_flow, stack=st), xe, y)
+    # decoder column: beside the encoder, or under it on a phone
+    tgt_x_flow = "pos_enc#1"
+    y_dec = mem.bottom + 2 * GAP if stacked else y0
     head_d = column(c, [Node("target ids (shifted)" if compact else "target ids, shifted right",
-                             tgt_ids, ("B", "T"), key="tgt"),
-                        Node("embed × √C + PE", tgt_x, BTC, "embed", "tgt_x")], xd, y0,
-                    same_width=True)
+                             tgt_ids, ("B", "T"), key="tgt",
+                             flow=_input_flow(tr, tgt_emb) if tgt_call == 0
+                             else f"{tgt_emb}#1:{_input_flow(tr, tgt_emb).split(':')[1]}"),
+                        Node("embed × √C + PE", tgt_x, BTC, "embed", "tgt_x", flow=tgt_x_flow,
+                             stack=st)], xd, y_dec, same_width=True)
     y = head_d[-1].bottom + GAP
-    c.arrow(xd, head_d[-1].bottom, xd, y)
+    c.arrow(xd, head_d[-1].bottom, xd, y, edge=(tgt_x_flow, dec_inner[0].flow))
     dec = (column(c, dec_inner, xd, y) if compact
-           else _frame(c, dec_inner, xd, y, n_dec, "n_dec", right=True))
+           else _frame(c, dec_inner, xd, y, n_dec, "n_dec", dec_skips, tgt_x_flow,
+                       right=not stacked, skips_right=not stacked))
     end = dec[-1].bottom + (0 if compact else 10)
     y = end + GAP
-    c.arrow(xd, end, xd, y)
-    tail = [Node("linear (LM head)", tr.shape("lm_head"), ("B", "T", "V"), "head", "logits")]
-    if not compact:
-        tail.append(Node("softmax: next-token probabilities", kind="plain"))
-    column(c, tail, xd, y)
+    c.arrow(xd, end, xd, y, edge=(dec_inner[-1].flow, "lm_head"))
+    head = draw(c, Node("linear (LM head)", tr.shape("lm_head"), ("B", "T", "V"), "head",
+                        "logits", flow="lm_head", stack=st), xd, y,
+                w_dec - (0 if compact else 24))
+    if not compact:  # the model returns logits; a softmax reads them as probabilities
+        y = head.bottom + GAP
+        c.arrow(xd, head.bottom, xd, y, edge="the logits read as probabilities, outside the "
+                "traced model")
+        draw(c, Node("softmax: next-token probabilities", kind="plain"), xd, y)
     cross = dec[cross_index]
-    x_mid = (xe + w_enc / 2 + xd - w_dec / 2) / 2
-    c.line([(mem.right, mem.cy), (x_mid, mem.cy), (x_mid, cross.cy), (cross.x, cross.cy)])
-    c.text(x_mid + 4, (mem.cy + cross.cy) / 2 + 5, "K, V", SMALL, anchor="start")
+    if stacked:  # the memory's line runs down the right side to the cross-attention
+        x_side = max(mem.right, cross.right + (0 if compact else 12)) + 16
+        c.line([(mem.right, mem.cy), (x_side, mem.cy), (x_side, cross.cy), (cross.right, cross.cy)],
+               edge=(memory_flow, dec_inner[cross_index].flow))
+        c.text(x_side + 4, cross.cy - 8, "K, V", SMALL, anchor="start")
+    else:
+        x_mid = (xe + w_enc / 2 + xd - w_dec / 2) / 2
+        c.line([(mem.right, mem.cy), (x_mid, mem.cy), (x_mid, cross.cy), (cross.x, cross.cy)],
+               edge=(memory_flow, dec_inner[cross_index].flow))
+        c.text(x_mid + 4, (mem.cy + cross.cy) / 2 + 5, "K, V", SMALL, anchor="start")
+    # the frame draws block 0 for all N: the memory reaches the output through the other
+    # blocks' cross-attention too, which the frame stands for
+    omit = () if compact else ((memory_flow, "lm_head"),)
+    _wire(c, tr.flow, omit=omit)
     return c
 
 
@@ -732,7 +861,7 @@ def encoder_stack(tr: Trace, compact: bool = True, heading: str | None = None) -
     return Diagram(_encoder_canvas(_check_trace(tr), heading))
 
 
-def _encoder_canvas(tr: Trace, heading: str | None) -> Canvas:
+def _encoder_canvas(tr: Trace, heading: str | None, stack: bool = False) -> Canvas:
     root = tr.kind("")
     prefix = {"Bert": "", "BertForMaskedLM": "bert."}.get(root)
     if prefix is None:
@@ -742,27 +871,35 @@ def _encoder_canvas(tr: Trace, heading: str | None) -> Canvas:
     at = tr.attention(f"{prefix}blocks.0.attn")
     c = Canvas(heading or f"Encoder-only model, {n} blocks")
     y = _heading(c, heading, 0, 0) if heading else 0.0
-    nodes = [Node("token ids", tr.input_shape(f"{prefix}embeddings"), ("B", "T"), key="ids"),
+    last = f"{prefix}blocks.{n - 1}"
+    nodes = [Node("token ids", tr.input_shape(f"{prefix}embeddings"), ("B", "T"), key="ids",
+                  flow=_input_flow(tr, f"{prefix}embeddings")),
              Node("embeddings + positions", tr.shape(f"{prefix}embeddings"), BTC, "embed",
-                  "emb"),
-             Node(f"{n} × encoder block", tr.shape(f"{prefix}blocks.{n - 1}"), BTC, "attn",
-                  "blocks", note=f"both ways (H = {at.n_heads}), FFN")]
+                  "emb", flow=f"{prefix}embeddings", stack=stack),
+             Node(f"{n} × encoder block", tr.shape(last), BTC, "attn", "blocks",
+                  note=f"both ways (H = {at.n_heads}), FFN", flow=last, stack=stack)]
     if root == "BertForMaskedLM":
         nodes.append(Node("MLM head: logits", tr.shape("mlm_head"), ("B", "T", "V"), "head",
-                          "logits", note="a word for each hidden token"))
-    else:
-        nodes.append(Node("one vector per token", tr.shape(f"{prefix}blocks.{n - 1}"), BTC,
-                          "stream", "hidden"))
-    column(c, nodes, 0, y, same_width=True)
+                          "logits", note="a word for each hidden token", flow="mlm_head",
+                          stack=stack))
+        column(c, nodes, 0, y, same_width=True)
+    else:  # the last block's output is the result: no arrow to a copy of it
+        nodes[-1].note += ": one vector per token"
+        nodes[-1].wrap = WRAP
+        column(c, nodes, 0, y, same_width=True)
+    _wire(c, tr.flow)
     return c
 
 
 def families(encoder: Trace, decoder: Trace, encoder_decoder: Trace) -> Diagram:
-    """The three families side by side: encoder (BERT), decoder (GPT), encoder-decoder."""
-    a = _encoder_canvas(_check_trace(encoder, "encoder"), "encoder-only (BERT)")
+    """The three families side by side: encoder (BERT), decoder (GPT), encoder-decoder; on a
+    phone one above the other, the encoder-decoder's decoder under its encoder."""
+    a = _encoder_canvas(_check_trace(encoder, "encoder"), "encoder-only (BERT)", stack=True)
     b = _decoder_canvas(_check_trace(decoder, "decoder"), None, None, True,
                         "decoder-only (GPT)")
     d = _encdec_canvas(_check_trace(encoder_decoder, "encoder_decoder"), True,
                        "encoder-decoder (Vaswani et al.)")
+    d_narrow = _encdec_canvas(encoder_decoder, True, "encoder-decoder (Vaswani et al.)",
+                              stacked=True)
     return Diagram(hstack("Three families of transformers", [a, b, d], 24,
-                          ["encoder.", "decoder.", "encdec."]), [a, b, d])
+                          ["encoder.", "decoder.", "encdec."]), [a, b, d], narrow=[a, b, d_narrow])

@@ -6,6 +6,7 @@ they go from the size of their text, and `hstack` puts whole drawings side by si
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tfbook.diagrams.svg import FONT, LINE_GAP, SMALL, Canvas, text_width
@@ -40,17 +41,22 @@ def letters_for(legend: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
 
 
 def wrap_words(text: str, width: float, size: float = SMALL, mono: bool = False) -> list[str]:
-    """Cut text at spaces into lines no wider than `width` (a longer word keeps its line).
+    """Cut text at spaces into lines no wider than `width` (a longer word keeps its line);
+    a group in parentheses stays on one line, and a line break in the text is kept.
 
     >>> wrap_words("one score per query and key", 120)
     ['one score per', 'query and key']
+    >>> wrap_words("causal self-attention (H = 4), FFN", 180)
+    ['causal self-attention', '(H = 4), FFN']
     """
     lines: list[str] = []
-    for word in text.split(" "):
-        if lines and text_width(f"{lines[-1]} {word}", size, mono) <= width:
-            lines[-1] = f"{lines[-1]} {word}"
-        else:
-            lines.append(word)
+    for paragraph in text.split("\n"):
+        start = len(lines)
+        for word in re.findall(r"\([^()]*\)\S*|\S+", paragraph):
+            if len(lines) > start and text_width(f"{lines[-1]} {word}", size, mono) <= width:
+                lines[-1] = f"{lines[-1]} {word}"
+            else:
+                lines.append(word)
     return lines
 
 
@@ -82,8 +88,7 @@ class Node:
             out.append((label.replace(" = ", " =\n").split("\n") if self.stack else [label],
                         SMALL, True, False))
         if self.note:
-            out.append((wrap_words(self.note, self.wrap) if self.wrap else [self.note], SMALL,
-                        False, False))
+            out.append((wrap_words(self.note, self.wrap or 1e9), SMALL, False, False))
         return out
 
     @property
