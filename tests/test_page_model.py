@@ -293,7 +293,8 @@ def test_the_helpers_check_their_arguments(model: GPT, bpe: BPETokenizer) -> Non
                                              rf"{bpe.vocab_size}\) \(the tokenizer's "
                                              rf"vocab_size\), got"):
             token_label(bpe, bad)
-    with pytest.raises(TypeError, match="tokenizer must be a tfbook BPETokenizer, got NoneType"):
+    with pytest.raises(TypeError, match=r"tokenizer must be a tfbook tokenizer "
+                                        r"\(tfbook.tokenizers\), got NoneType"):
         token_label(None, 65)
     payload = export_page_model(model, bpe, "float32")
     payload["config"]["bias"] = "no"

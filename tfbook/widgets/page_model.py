@@ -45,6 +45,7 @@ from torch import Tensor
 
 from tfbook.models.gpt import GPT
 from tfbook.quantize import int8_dequantise, int8_per_channel
+from tfbook.tokenizers.base import Tokenizer
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN
 
@@ -286,15 +287,15 @@ def page_tokenizer(tokenizer: BPETokenizer) -> dict[str, Any]:
             "vocab_size": tokenizer.vocab_size}
 
 
-def token_label(tokenizer: BPETokenizer, token_id: int) -> str:
+def token_label(tokenizer: Tokenizer, token_id: int) -> str:
     """A token as text for display, as the page shows it (gpt.js `tokenText`): whole UTF-8
     characters as text, bytes that are only a piece of a character in hex between ‹ ›.
 
     >>> token_label(BPETokenizer({}), 0xF0)  # the first byte of a 4-byte character
     '‹f0›'
     """
-    if not isinstance(tokenizer, BPETokenizer):
-        raise TypeError(f"tokenizer must be a tfbook BPETokenizer, got "
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a tfbook tokenizer (tfbook.tokenizers), got "
                         f"{type(tokenizer).__name__}")
     if isinstance(token_id, bool) or not isinstance(token_id, int | np.integer) or not (
             0 <= token_id < tokenizer.vocab_size):
