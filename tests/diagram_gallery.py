@@ -64,7 +64,7 @@ def _intro() -> list[Figure]:
     def mask_figure() -> Diagram:
         return masks([("encoder: all pairs", torch.ones(T, T, dtype=torch.bool)),
                       ("decoder: causal", causal_mask(T))], tokens=tokens,
-                     title="encoder and decoder masks")
+                     title="encoder and decoder masks", self_attention=True)
 
     return [("intro", "families", fam), ("intro", "decoder stack", stack),
             ("intro", "encoder and decoder masks", mask_figure)]

@@ -264,6 +264,27 @@ def test_masks_draw_the_real_cells() -> None:
     assert len(cells) == 6 + 2  # 6 visible pairs of the causal 3 x 3, 2 real keys of row 0
     with pytest.raises(ValueError, match="boolean tensor"):
         masks([("float", torch.ones(3, 3))])
+
+
+def test_masks_name_their_axes_pads_and_empty_rows() -> None:
+    """Queries down, keys across, both labelled; a key no query may read is a pad; a query
+    that may read nothing is outlined as reading nothing (its output is zero)."""
+    from tfbook.masks import combine_masks
+
+    left_pad = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    both = combine_masks(causal_mask(4), padding_mask(left_pad))  # (B, 1, 4, 4)
+    d = masks([("causal AND padding", both, 1)])
+    texts = svg_texts(d)
+    assert {"query ↓", "key →", "pads", "reads nothing:", "output 0"} <= set(texts)
+    assert "batch row 1 (from 0)" in texts and d.shape_labels["mask0"].startswith("(B, H, T, S)")
+    outlined = [el for el in ET.fromstring(d.svg).iter(f"{SVG}rect")
+                if "dash" in el.get("class", "")]
+    assert len(outlined) == int((~both[1, 0].any(-1)).sum()) == 2  # rows 0 and 1 read nothing
+    full = masks([("causal", causal_mask(4))], tokens=["a", "b", "c", "d"], self_attention=True)
+    texts = svg_texts(full)
+    assert full.shape_labels["mask0"] == "(T, T) = (4, 4)" and "pads" not in texts
+    assert texts.count("a") == 2  # the token labels both its row (query) and its column (key)
+    assert "reads nothing:" not in texts
     with pytest.raises(TypeError, match="list of str"):
         masks([("causal", causal_mask(3, 3))], tokens=[1, 2, 3])
 

@@ -320,13 +320,18 @@ def cross_attention(at: AttentionTrace, title: str = "Cross-attention") -> Diagr
     return Diagram(c)
 
 
-def masks(panels: list[tuple], tokens: list[str] | None = None, title: str = "Masks") -> Diagram:
-    """Boolean masks drawn cell by cell (filled: may attend), each with its real shape.
+def masks(panels: list[tuple], tokens: list[str] | None = None, title: str = "Masks",
+          self_attention: bool = False) -> Diagram:
+    """Boolean masks drawn cell by cell (filled: the query of the row may read the key of the
+    column), each with its real shape.
 
     `panels` is a list of (heading, mask tensor) or (heading, mask tensor, batch index); a
     mask of more than 2 axes is drawn at that index of its first axis (default 0) and index
-    0 of the others (a broadcast axis of size 1 is drawn as one row). `tokens` label the rows
-    (queries) when there are as many as rows.
+    0 of the others (a broadcast axis of size 1 is drawn as one row, for every query).
+    Queries run down ("query ↓"), keys across ("key →"), each labelled with its token when
+    `tokens` has one per position, else with its position. A key that no query may read is
+    marked "pad"; a query that may read no key is outlined: it reads nothing, so its output is
+    zero. With `self_attention` the keys are the queries' own positions: (T, T).
     """
     import torch
 
@@ -335,6 +340,7 @@ def masks(panels: list[tuple], tokens: list[str] | None = None, title: str = "Ma
     if tokens is not None and not (isinstance(tokens, list)
                                    and all(isinstance(t, str) for t in tokens)):
         raise TypeError("tokens must be a list of str")
+    keys = "T" if self_attention else "S"
     canvases = []
     for i, panel in enumerate(panels):
         if not (isinstance(panel, tuple) and len(panel) in (2, 3) and isinstance(panel[0], str)
@@ -352,25 +358,59 @@ def masks(panels: list[tuple], tokens: list[str] | None = None, title: str = "Ma
         shape = tuple(mask.shape)
         plane = mask[(at,) + (0,) * (mask.dim() - 3)] if mask.dim() > 2 else mask
         rows, cols = plane.shape
-        cell = max(12.0, min(22.0, 220.0 / max(rows, cols)))
+        cells = plane.tolist()
+        cell = max(14.0, min(22.0, 220.0 / max(rows, cols)))
         c = Canvas(heading)
-        label_w = 0.0
-        if tokens is not None and len(tokens) == rows:
-            label_w = max(text_width(_visible(t), SMALL, True) for t in tokens) + 6
+        row_names = ([_visible(t) for t in tokens] if tokens is not None and len(tokens) == rows
+                     else ["every query"] if rows == 1 else [str(r) for r in range(rows)])
+        col_names = ([_visible(t) for t in tokens] if tokens is not None
+                     and len(tokens) == cols else [str(k) for k in range(cols)])
+        label_w = max(max(text_width(t, SMALL, True) for t in row_names) + 8,
+                      text_width("query ↓", SMALL) + 4)
+        top_h = max(text_width(t, SMALL, True) for t in col_names) + 8
         y = _heading(c, heading, label_w + cols * cell / 2, 0)
-        c.grid(label_w, y, [[1.0 if b else 0.0 for b in r] for r in plane.tolist()], cell)
-        if label_w:
-            for r, tok in enumerate(tokens):
-                c.text(label_w - 6, y + (r + 0.75) * cell, _visible(tok), SMALL, mono=True,
-                       anchor="end")
-        legend = {2: ["T", "S"], 4: ["B", "H", "T", "S"]}.get(
+        c.text(label_w, y + 4, "key →", SMALL, anchor="start")
+        y += 12
+        for k, name in enumerate(col_names):  # the keys' labels, read upwards
+            c.text(label_w + (k + 0.5) * cell + 4.5, y + top_h, name, SMALL, mono=True,
+                   anchor="start", vertical=True)
+        c.text(label_w - 6, y + top_h - 2, "query ↓", SMALL, anchor="end")
+        y += top_h + 6
+        c.grid(label_w, y, [[1.0 if b else 0.0 for b in r] for r in cells], cell)
+        for r, name in enumerate(row_names):
+            c.text(label_w - 6, y + (r + 0.5) * cell + 4.5, name, SMALL, mono=True,
+                   anchor="end")
+        right = label_w + cols * cell
+        empty = [r for r in range(rows) if not any(cells[r])]
+        for r in empty:  # a query with nothing to read: outlined, its output is zero
+            c.box(label_w - 2, y + r * cell - 1, cols * cell + 4, cell + 2, "head", dashed=True,
+                  radius=2)
+        if empty:
+            c.text(right + 8, y + (empty[0] + 0.5) * cell + 4.5, "reads nothing:", SMALL,
+                   anchor="start")
+            c.text(right + 8, y + (empty[0] + 1.5) * cell + 4.5, "output 0", SMALL,
+                   anchor="start")
+        bottom = y + rows * cell
+        pads = [k for k in range(cols) if not any(cells[r][k] for r in range(rows))]
+        runs: list[list[int]] = []
+        for k in pads:  # keys no query may read, named once per run of neighbours
+            if runs and runs[-1][-1] == k - 1:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+        for run in runs:
+            c.text(label_w + (run[0] + run[-1] + 1) / 2 * cell, bottom + 15,
+                   "pad" if len(run) == 1 else "pads", SMALL)
+        bottom += 20 if pads else 0
+        legend = {2: ["T", keys], 4: ["B", "H", "T", keys]}.get(
             len(shape), [f"d{j}" for j in range(len(shape))])
         cx = label_w + cols * cell / 2
-        c.text(cx, y + rows * cell + 18, shape_label(legend, shape), SMALL, mono=True,
+        c.text(cx, bottom + 18, shape_label(legend, shape), SMALL, mono=True,
                key=f"mask{i}", shape=shape)
         if mask.dim() > 2:
-            note = f"batch row {at}" + ("; one row for all queries" if rows == 1 else "")
-            c.text(cx, y + rows * cell + 36, note, SMALL)
+            note = f"batch row {at} (from 0)" + ("; one row for all queries" if rows == 1
+                                                 else "")
+            c.text(cx, bottom + 36, note, SMALL)
         canvases.append(c)
     return Diagram(hstack(title, canvases, 24), canvases)
 

@@ -212,8 +212,10 @@ class Canvas:
 
     def text(self, x: float, y: float, text: str | list[str], size: float = FONT,
              mono: bool = False, bold: bool = False, anchor: str = "middle", key: str = "",
-             shape: tuple[int, ...] | None = None, sub: bool = False) -> None:
+             shape: tuple[int, ...] | None = None, sub: bool = False,
+             vertical: bool = False) -> None:
         """A line of text whose baseline is at y; recorded in `labels` with its key.
+        `vertical` turns it a quarter left about (x, y), to be read bottom to top.
 
         A list of strings is one label on several lines (the first baseline at y, one line
         every LINE_GAP x size below), recorded as the lines joined by a space. With `sub`,
@@ -237,12 +239,17 @@ class Canvas:
             step = _num(size * LINE_GAP)
             body = "".join(f'<tspan x="{_num(x)}" dy="{step if i else 0}">{b}</tspan>'
                            for i, b in enumerate(bodies))
+        turn = f' transform="rotate(-90 {_num(x)} {_num(y)})"' if vertical else ""
         self.parts.append(f'<text x="{_num(x)}" y="{_num(y)}" font-size="{_num(size)}" '
-                          f'text-anchor="{anchor}"{cls_attr}>{body}</text>')
+                          f'text-anchor="{anchor}"{cls_attr}{turn}>{body}</text>')
         self.labels.append(Label(" ".join(lines), key, shape))
         raw = text if isinstance(text, list) else [text]
         w = max(text_width(line, size, mono) for line in (raw if sub else lines))
         left = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
+        if vertical:  # the text runs upwards from (x, y) ("start"), or ends there ("end")
+            low = {"start": y, "middle": y + w / 2, "end": y + w}[anchor]
+            self._extend(x - size, low - w, x + size * 0.3, low)
+            return
         self._extend(left, y - size, left + w, y + size * LINE_GAP * (len(lines) - 1)
                      + size * 0.3)
 
