@@ -33,6 +33,7 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read once, when torch starts its thread pool
 
 import json  # noqa: E402
+import platform  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -112,6 +113,17 @@ def bench_matrix(name: str, T: int) -> dict:
     }
 
 
+def cpu_model() -> str:
+    """The processor's name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def main() -> None:
     torch.set_num_threads(THREADS)
     start = time.perf_counter()
@@ -121,7 +133,8 @@ def main() -> None:
     results = {
         "description": "y = x W^T for SmolLM2's matrices: float32 against quantised products; "
                        "written by bench/bench_quantize.py",
-        "machine": machine(load_average_1min_at_start=before["load_average_1min"]),
+        "machine": machine(load_average_1min_at_start=before["load_average_1min"],
+                           cpu_model=cpu_model()),
         "rows": rows,
         "seconds": time.perf_counter() - start,
     }
