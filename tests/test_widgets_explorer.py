@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from tfbook.diagrams.dataflow import Dataflow, Recorder, check_edges
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import tiny_llama
 from tfbook.tokenizers.bpe import BPETokenizer
@@ -101,45 +102,43 @@ def test_hooks_take_every_boxs_tensor(make) -> None:
         assert trace["blocks.0.ff.hidden"].shape == (T, 96)  # SwiGLU: act(gate) * up
 
 
-def box_dependencies(model: GPT, ids: list[int]) -> tuple[set, dict]:
-    """Which box's tensor was computed directly from which, read from autograd's record of
-    one forward pass (every tensor made from a parameter remembers the operation that made
-    it and that operation's inputs): the pairs (A, B) where B's graph reaches A's tensor
-    without passing another box's. Boxes are named by their vertex (tensor); two keys of one
-    tensor (RoPE's x^(0) is the token embedding itself) share it. Returns the dependencies
-    between vertices and {key: vertex}."""
-    tensors = {}
-    with torch.enable_grad(), box_hooks(model, tensors.__setitem__):
-        model(torch.tensor([ids]), need_weights=True)
-    vertex = {key: t.grad_fn for key, t in tensors.items()}
-    assert all(v is not None for v in vertex.values())  # every box is in the graph
+def box_flow(model: GPT, ids: list[int]) -> Dataflow:
+    """One forward pass recorded as a graph of named tensors (tfbook.diagrams.dataflow: which
+    tensor was computed from which), each box's tensor named "[key]" by the explorer's own
+    hooks (box_hooks) as the pass makes it; `name` gives the few others."""
+    with torch.no_grad(), Recorder(model) as recorder:
+        if model.pos_emb is not None:
+            recorder.name(model.pos_emb.weight, "[pos_emb]")
 
-    def inputs(fn) -> list:
-        return [f for f, _ in fn.next_functions if f is not None]
+        def keep(key: str, tensor: torch.Tensor) -> None:
+            if key != "pos_emb" and name(key) == f"[{key}]":  # pos_emb: P, named above
+                recorder.name(tensor, f"[{key}]")
 
-    if "pos_emb" in vertex:  # the box shows rows of P: its vertex is the parameter itself
-        todo, seen = [vertex["embed"]], set()
-        while todo:
-            fn = todo.pop()
-            if getattr(fn, "variable", None) is model.pos_emb.weight:
-                vertex["pos_emb"] = fn
-                break
-            seen.add(fn)
-            todo += [f for f in inputs(fn) if f not in seen]
-    shown = set(vertex.values())
-    dependencies = set()
-    for result in shown:
-        todo, seen = inputs(result), set()
-        while todo:
-            fn = todo.pop()
-            if fn in seen:
-                continue
-            seen.add(fn)
-            if fn in shown:
-                dependencies.add((fn, result))  # a box: the path stops here
-            else:
-                todo += inputs(fn)
-    return dependencies, vertex
+        with box_hooks(model, keep):
+            model(torch.tensor([ids]), need_weights=True)
+    return recorder.flow
+
+
+def name(key: str) -> str:
+    """A box's tensor in box_flow's graph. Boxes whose hook sees their tensor only after the
+    model has used it take the recorder's name, given as the pass makes the tensor: the
+    stream after attention is norm 2's input, the FFN's hidden units are the input of its
+    output layer, and the weights are attention's softmax (the same values as the box's: a
+    causal mask hides no whole row). The position box shows rows of the table P: P itself."""
+    if key.startswith("blocks."):
+        block = ".".join(key.split(".")[:2])
+        if key.endswith(".resid1"):
+            return f"{block}.norm2:x"
+        if key.endswith(".ff.hidden"):
+            return f"{block}.ff.fc_out:input"
+        if key.endswith(".attn.weights"):
+            return f"{block}.attn.weights"
+    return f"[{key}]"
+
+
+def drawn(edges: list[list[str]]) -> list[tuple[str, str]]:
+    """The layout's arrows in box_flow's names."""
+    return [(name(a), name(b)) for a, b in edges]
 
 
 @pytest.mark.parametrize("make", [gpt, llama], ids=["gpt", "llama"])
@@ -147,32 +146,39 @@ def test_every_arrow_is_a_data_dependency_and_every_dependency_is_drawn(make) ->
     """The diagram's arrows (explorer_layout's edges, which explorer.js draws one by one) are
     exactly the dependencies between the boxes' tensors in the traced forward pass: norm 1
     feeds q, k and v; q and k the weights; the weights and v the attention output; each norm
-    reads the stream, and each circle adds a sub-layer's output to the stream before it."""
+    reads the stream, and each circle adds a sub-layer's output to the stream before it.
+    (RoPE's x^(0) is the token embedding itself: an arrow between two names of one tensor.)"""
     model = make()
-    dependencies, vertex = box_dependencies(model, BYTES.encode_ordinary("the cat sat."))
+    flow = box_flow(model, BYTES.encode_ordinary("the cat sat."))
     edges = explorer_layout(model.config)["edges"]
-    drawn = {(vertex[a], vertex[b]) for a, b in edges if vertex[a] is not vertex[b]}
-    name = {v: k for k, v in reversed(list(vertex.items()))}  # a vertex's first key
-    wrong = {(name[a], name[b]) for a, b in drawn - dependencies}
-    missing = {(name[a], name[b]) for a, b in dependencies - drawn}
-    assert not wrong and not missing, (wrong, missing)
+    check_edges(drawn(edges), flow)  # raises on a wrong or a missing arrow
     p = "blocks.0."
     for sources, result in [(["norm1"], "attn.q"), (["norm1"], "attn.k"), (["norm1"], "attn.v"),
                             (["attn.q", "attn.k"], "attn.weights"),
                             (["attn.weights", "attn.v"], "attn")]:
         assert {a for a, b in edges if b == p + result} == {p + s for s in sources}
-    assert len(dependencies) >= 10 * model.config.n_layers  # the check has something to hold
+        assert all(flow.depends(name(p + result), name(p + s)) for s in sources)
+    assert not flow.depends(name(p + "attn.weights"), name(p + "attn.v"))
 
 
 def test_the_check_finds_a_wrong_wiring() -> None:
-    """The old drawing (norm 1 -> q -> ... v -> weights, no arrow into k or v) fails."""
+    """The old drawing (norm 1 -> q -> ... -> v -> weights -> attn out, no arrow into k or v)
+    is refused, and so is a drawing that leaves one dependency out."""
     model = gpt()
-    dependencies, vertex = box_dependencies(model, BYTES.encode_ordinary("abc"))
+    flow = box_flow(model, BYTES.encode_ordinary("abc"))
+    edges = explorer_layout(model.config)["edges"]
     p = "blocks.0."
-    old = [(p + "norm1", p + "attn.q"), (p + "attn.v", p + "attn.weights")]
-    assert (vertex[old[0][0]], vertex[old[0][1]]) in dependencies
-    assert (vertex[old[1][0]], vertex[old[1][1]]) not in dependencies  # v is not read there
-    assert (vertex[p + "norm1"], vertex[p + "attn.v"]) in dependencies
+    old = [e for e in edges if not e[0].startswith(p + "attn.") and e[1] not in (
+        p + "attn.q", p + "attn.k", p + "attn.v", p + "attn.weights", p + "attn")]
+    old += [[p + "norm1", p + "attn.q"], [p + "attn.v", p + "attn.weights"],
+            [p + "attn.weights", p + "attn"]]
+    with pytest.raises(ValueError, match=r"wrong: \[blocks.0.attn.v\] -> "
+                                         r"blocks.0.attn.weights \("):
+        check_edges(drawn(old), flow)
+    without_v = [e for e in edges if e != [p + "attn.v", p + "attn"]]
+    with pytest.raises(ValueError,  # named by the modules whose outputs they are
+                       match=r"missing: blocks.0.attn.v_proj -> blocks.0.attn.out_proj$"):
+        check_edges(drawn(without_v), flow)
 
 
 def test_the_diagram_fits_a_phone_and_names_each_box_with_its_block() -> None:

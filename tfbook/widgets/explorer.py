@@ -2,6 +2,7 @@
 
     explorer_layout(config)            -> the boxes and arrows of the diagram (SVG drawn by JS)
     trace_decoder(model, ids)          -> {box key: the tensor it shows}, by forward hooks
+    box_hooks(model, keep)             -> those hooks, for a `with` block (keep(key, tensor))
     ModelExplorer.from_page_model(...) -> the small GPT in the page: gpt.js runs the text
     ModelExplorer.from_model(...)      -> any tfbook decoder, fed by Python (Jupyter)
 
@@ -21,8 +22,12 @@ the projections before the rotation). Shape legend: T tokens, C width, H heads, 
 F feed-forward width, V vocabulary, L blocks.
 
 Notation as in the book: x_t is the stream's vector at position t, so the stream's states
-are named by a superscript, x^(l) the stream entering block l (blocks counted from 0 as in
-the code's keys): x^(0) the embedding, x^(l+1) the stream after block l.
+are named by a superscript, x^(l) the stream entering block l (blocks and heads counted from
+0, as in the code's keys): x^(0) the embedding, x^(l+1) the stream after block l.
+
+Each arrow of the diagram is a data dependency of the forward pass, and each dependency
+between two boxes is an arrow (tests/test_widgets_explorer.py holds the layout's edges
+against the pass recorded by tfbook.diagrams.dataflow).
 """
 
 from __future__ import annotations
