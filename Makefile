@@ -73,7 +73,9 @@ book: setup vendor
 # the time divides.
 TEST_JOBS ?= 2
 test: setup vendor check-chromium
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile --durations=25 \
+	  --junitxml=_build/test-report.xml
+	@$(BIN)/python scripts/time_report.py
 
 # The browser tests open the built pages in Chromium or Chrome, driven by Playwright: Debian's
 # `chromium`, another one where it usually lives, or the executable named by $$CHROMIUM.

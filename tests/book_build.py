@@ -30,7 +30,7 @@ TOC = Path(os.environ.get("TFBOOK_TOC", ROOT / "_toc.yml"))
 BUILD = OUTPUT / "_build"
 HTML = BUILD / "html"
 LOG = BUILD / "book-build.log"
-RECORD = BUILD / "book-build.json"  # {"run": run id, "pid": ..., "code": exit code or None}
+RECORD = BUILD / "book-build.json"  # {"run": run id, "pid", "code": exit code or None, "seconds"}
 
 
 def build_command() -> list[str]:
@@ -101,9 +101,11 @@ def stop(run_id: str) -> None:
 
 
 def main(run_id: str) -> int:
+    start = time.time()
     with open(LOG, "w", encoding="utf-8") as log:
         code = subprocess.call(build_command(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    _write_record({"run": run_id, "pid": os.getpid(), "code": code})
+    _write_record({"run": run_id, "pid": os.getpid(), "code": code, "started": start,
+                   "seconds": round(time.time() - start, 1)})
     return code
 
 

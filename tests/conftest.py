@@ -46,16 +46,12 @@ def _reuse_build() -> bool:
 def pytest_collection_modifyitems(session, config, items) -> None:
     """Chapters first (the longest jobs), the tests that need the built book last; start it.
 
-    Under pytest-xdist (`--dist loadgroup`) the work is handed out in this order: a chapter's
-    cells, and each other test file, as one unit (one kernel, one set of module fixtures);
-    the tests of the built pages one by one, so that both processes share them at the end.
+    Under pytest-xdist the work is handed out in this order (see pytest_xdist_make_scheduler).
     """
     needs_book = [item for item in items if "book_html" in getattr(item, "fixturenames", ())]
     chapters = [item for item in items if item.path.suffix == ".md" and item not in needs_book]
     rest = [item for item in items if item not in needs_book and item not in chapters]
     items[:] = chapters + rest + needs_book
-    for item in chapters + rest:
-        item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(ROOT))))
     if (not needs_book or _reuse_build() or config.option.collectonly
             or not (ASSETS / "require.min.js").exists()):
         return
@@ -64,6 +60,29 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     # the build, whose end the browser tests wait for, gets the processor first (the tests'
     # own kernels and subprocesses inherit it).
     os.nice(BUILD_PRIORITY_LEAD)
+
+
+# The files whose tests are handed out one by one (they read the built pages, at the end).
+ONE_BY_ONE = ("tests/test_browser.py", "tests/test_browser_explorer.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, but the tests of the built pages one by one.
+
+    A chapter's cells and each test file go to one process as a unit (one kernel, one set of
+    module fixtures), in the order of pytest_collection_modifyitems; the browser tests, which
+    come last and all wait for the book, are shared by both processes.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesThenPages(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path in ONE_BY_ONE else path
+
+    return FilesThenPages(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
