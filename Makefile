@@ -74,8 +74,8 @@ book: setup vendor
 TEST_JOBS ?= 2
 test: setup vendor check-chromium
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadfile --durations=25 \
-	  --junitxml=_build/test-report.xml
-	@$(BIN)/python scripts/time_report.py
+	  --junitxml=_build/test-report.xml; status=$$?; \
+	  $(BIN)/python scripts/time_report.py _build; exit $$status
 
 # The browser tests open the built pages in Chromium or Chrome, driven by Playwright: Debian's
 # `chromium`, another one where it usually lives, or the executable named by $$CHROMIUM.
