@@ -73,12 +73,24 @@ def median_times(
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def cpu_model() -> str:
+    """The processor's name: platform.processor() is empty on Linux, /proc/cpuinfo has it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine(**extra) -> dict:
     """What a benchmark's numbers depend on, recorded beside them: versions, threads, CPU,
     the OpenMP wait policy and the load. Other processes compete for the CPU when the load
     is well above `threads`: the ratios stay fair (interleaved runs), absolute speeds do not."""
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "cpu": platform.processor(),
+            "threads": torch.get_num_threads(), "cpu": cpu_model(),
             "cpu_count": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "load_average_1min": os.getloadavg()[0], **extra}
 
