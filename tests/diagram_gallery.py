@@ -93,7 +93,7 @@ def _text() -> list[Figure]:
                                 [tok.decode([i]) for i in ids])
 
     def rope() -> Diagram:
-        return rope_planes(16, (0, 1, 2, 5, 30), (0, 1, 7))
+        return rope_planes(16, (0, 1, 2, 5, 30), (0, 1, 7), relative=(5, 2))
 
     return [("text/tokenization", "pipelines", pipelines), ("text/bpe", "merge tree", tree),
             ("text/embeddings", "one-hot lookup", lookup), ("text/rope", "RoPE planes", rope)]

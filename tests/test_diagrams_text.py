@@ -130,6 +130,28 @@ def test_rope_angles_are_apply_ropes() -> None:
     assert rope_planes(16, base=500.0).svg != rope_planes(16).svg
 
 
+def test_rope_relative_angle_and_the_phones_layout() -> None:
+    """The angle between a query at t and a key at s, read from apply_rope, is (t - s) theta
+    (plus their angle before turning) at (t, s) and at (t + 10, s + 10); on a phone the grid
+    turns so that its positions run down: every drawing fits a 358 px column."""
+    import math
+
+    from tfbook.diagrams.positions import rope_planes
+    from tfbook.rope import rope_frequencies
+
+    d = rope_planes(16, (0, 1, 2, 5, 30), (0, 1, 7), relative=(5, 2))
+    labels = {lb.key: lb.text for lb in d.labels if lb.key}
+    gap = ((5 - 2) * rope_frequencies(16)[0].item() + 0.7) % math.tau
+    assert labels["relative.gap0"] == labels["relative.gap1"] == f"q − k: {gap:.3g} rad"
+    assert labels["relative.pair1"] == "t = 15, s = 12"
+    assert d.wired and max(d.phone_widths) <= 358
+    narrow = {lb.key: lb.text for lb in d.narrow_labels if lb.key}
+    assert all(narrow[f"angle{i}.{j}"] == labels[f"angle{i}.{j}"]
+               for i in range(3) for j in range(5))
+    with pytest.raises(ValueError, match="relative must be a pair"):
+        rope_planes(16, relative=(5, -2))
+
+
 @pytest.mark.parametrize("args", [(15,), (16, (), (0,)), (16, (0, -1), (0,)), (16, (0,), (8,)),
                                   (16, [0, 1], (0,)), (16, (0,), (0,), 1.0)])
 def test_rope_bad_input(args: tuple) -> None:
