@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.browser import static_widget
+from tests.browser import serve, static_widget, watch, widget_page
 from tests.conftest import ASSETS, BUILD, ROOT
 from tests.test_lab import lab  # noqa: F401 (the JupyterLab fixture)
 from tfbook.models.gpt import GPT
@@ -361,6 +361,58 @@ def test_the_diagram_is_one_tab_stop_with_arrow_keys(browser, tmp_path: Path) ->
         assert root.locator(".tfw-title").inner_text() == name
         assert root.locator('g.tfw-box[aria-pressed="true"]').count() == 1
         assert root.locator('g.tfw-box[aria-pressed="true"]').get_attribute("data-key") == key
+    assert not (log.page_errors or log.console_errors), log
+
+
+def test_on_a_phone_a_tap_reads_a_value_and_lights_a_token(browser, tmp_path: Path) -> None:
+    """A 390 px touch screen: the text box has 16 px text (a phone does not zoom the page on
+    focus), the panel says "tap", a tap on a token lights it and a tap on a cell reads its
+    token, feature and value; nothing scrolls sideways."""
+    tokenizer = BPETokenizer({})
+    torch.manual_seed(0)
+    model = GPT(tiny_llama()).eval()
+    text = "a cat — on a mat"  # the em dash: three byte tokens, pieces of one character
+    widget = ModelExplorer.from_model(model, tokenizer, text, box="blocks.0.ff.hidden")
+    hidden = widget.trace(text)["blocks.0.ff.hidden"]
+    page_file = widget_page(widget, ASSETS, tmp_path)
+    page_file.write_text(page_file.read_text(encoding="utf-8").replace(  # as the book's pages
+        '<meta charset="utf-8">', '<meta charset="utf-8"><meta name="viewport" '
+        'content="width=device-width, initial-scale=1">'), encoding="utf-8")
+    with serve(tmp_path) as base_url:
+        context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True,
+                                      has_touch=True, device_scale_factor=2)
+        page = context.new_page()
+        log = watch(page, base_url)
+        page.goto(base_url + page_file.name)
+        root = page.locator(".tfw-explorer").first
+        root.wait_for(timeout=30000)
+        page.wait_for_function("(r) => r.explorerShown && r.explorerShown.key",
+                               arg=root.element_handle())
+        assert root.locator("input[type=text]").evaluate(
+            "(e) => getComputedStyle(e).fontSize") == "16px"
+        assert root.locator(".tfw-readout").inner_text() == "tap a cell to read its value"
+        assert root.locator(".tfw-strip > span").first.bounding_box()["height"] >= 24
+        pieces = root.locator(".tfw-strip .tfw-piece").all_inner_texts()
+        assert pieces == ["‹e2›", "‹80›", "‹94›"], pieces  # single bytes of "—", each its token
+        root.locator(".tfw-strip > span").nth(2).tap()
+        assert root.locator(".tfw-strip .tfw-hot").get_attribute("data-index") == "2"
+        canvas = root.locator(".tfw-canvas-box canvas")
+        box = canvas.bounding_box()
+        cell = (box["width"] - 2) / hidden.shape[1]
+        t, c = 4, 10
+        canvas.tap(position={"x": 1 + (c + 0.5) * cell, "y": 1 + (t + 0.5) * 14})
+        page.wait_for_function("([r, t, c]) => r.explorerCell && r.explorerCell.row === t "
+                               "&& r.explorerCell.col === c", arg=[root.element_handle(), t, c])
+        read = root.locator(".tfw-readout").inner_text()
+        assert read.startswith(f"token “{shown_token(tokenizer.decode([widget.ids(text)[0][t]]))}” "
+                               f"({t}), feature {c}: ")
+        assert abs(float(read.rsplit(": ", 1)[1]) - float(hidden[t, c])) <= 1e-3 * abs(
+            float(hidden[t, c])) + 1e-6
+        sideways = root.locator(".tfw-diagram").evaluate(
+            "(v) => [v.scrollLeft, v.scrollWidth, v.clientWidth]")
+        assert sideways[0] == 0 and sideways[1] <= sideways[2], sideways
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        context.close()
     assert not (log.page_errors or log.console_errors), log
 
 
