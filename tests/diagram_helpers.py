@@ -22,6 +22,6 @@ def svg_texts(svg: str) -> list[str]:
 
 def numbers(label: str) -> tuple[int, ...]:
     """(B, T, C) = (1, 9, 64) -> (1, 9, 64)."""
-    match = re.fullmatch(r"\(([^)]*)\) = \(([^)]*)\)", label)
+    match = re.search(r"\(([^)]*)\) = \(([^)]*)\)", label)  # maybe among words
     assert match, label
     return tuple(int(s) for s in match.group(2).rstrip(",").split(", "))

@@ -53,6 +53,18 @@ def test_lora_labels_are_the_layers_tensors() -> None:
     n_trained = layer.lora_A.numel() + layer.lora_B.numel()
     assert any(f"trained: {n_trained:,} numbers" in t for t in texts)
     all_labels_drawn(d)
+    # the arrows are the call's: x into W and into A, the scaled B A branch added to x W^T
+    assert d.wired and {("x", "base"), ("x", "down"), ("down", "scaled"),
+                        ("scaled", "output"), ("base", "output")} <= set(d.edges)
+    # the bottleneck is drawn narrow: its waist narrower than the trapezoids' wide edges
+    import re
+
+    polygons = re.findall(r'<polygon class="bx" points="([^"]+)"', d.svg)
+    assert len(polygons) == 2
+    xs = [[float(p.split(",")[0]) for p in poly.split()] for poly in polygons]
+    a_top, a_bottom = xs[0][1] - xs[0][0], xs[0][2] - xs[0][3]
+    assert a_bottom < a_top / 3  # A narrows C_in numbers to r
+    assert not any("trained" in t for t in texts if t.startswith("(B, T, C_out)"))
 
 
 def test_lora_rank_changes_the_drawing() -> None:

@@ -144,15 +144,18 @@ def draw(canvas: Canvas, node: Node, cx: float, y: float, width: float | None = 
 
 
 def column(canvas: Canvas, nodes: list[Node], cx: float, y: float, gap: float = GAP,
-           arrows: bool = True, same_width: bool = False) -> list[Rect]:
-    """Nodes one under the other, centred on cx, each joined to the next by an arrow."""
+           arrows: bool = True, same_width: bool = False, reason: str | None = None
+           ) -> list[Rect]:
+    """Nodes one under the other, centred on cx, each joined to the next by an arrow: the
+    dependency between their traced tensors (`Node.flow`), or else `reason`, what the arrow
+    shows when the boxes are not tensors of a traced computation (steps of a loop)."""
     if not nodes:
         raise ValueError("a column needs at least one node")
     width = max(n.width for n in nodes) if same_width else None
     rects: list[Rect] = []
     for before, node in zip([None, *nodes], nodes, strict=False):
         if rects and arrows:
-            edge = (before.flow, node.flow) if before.flow and node.flow else None
+            edge = (before.flow, node.flow) if before.flow and node.flow else reason
             canvas.arrow(cx, rects[-1].bottom, cx, y, edge=edge)
         rects.append(draw(canvas, node, cx, y, width))
         y = rects[-1].bottom + gap

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfbook.diagrams._shared import chips, heading, note
+from tfbook.diagrams.dataflow import Recorder
 from tfbook.diagrams.diagram import Diagram
-from tfbook.diagrams.layout import GAP, Node, Rect, column, draw, hstack, row
+from tfbook.diagrams.layout import GAP, Node, Rect, column, draw, hstack, row, shape_label
 from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
 from tfbook.diagrams.trace import trace
 from tfbook.lora import LoRALinear
@@ -37,14 +38,20 @@ def _lead(shape: tuple[int, ...], last: str) -> tuple[str, ...]:
 # --- LoRA ---------------------------------------------------------------------------------
 
 def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
-    """A LoRA layer on input x: the frozen W beside the trained A and B, the scale alpha / r,
-    their sum, and the merge W + (alpha / r) B A into one matrix."""
+    """A LoRA layer on input x: the frozen W beside the trained A and B, drawn as a funnel
+    to r numbers and back (Hu et al.'s bottleneck, to its proportions up to a least width),
+    the scale alpha / r, their sum, and the merge W + (alpha / r) B A into one matrix. Every
+    arrow is a dependency of the traced call."""
     if not isinstance(layer, LoRALinear):
         raise TypeError(f"lora_layer needs a tfbook.lora.LoRALinear, got {type(layer).__name__}")
     if not isinstance(x, Tensor) or x.dim() < 2 or x.size(-1) != layer.in_features:
         raise ValueError(f"x must be a tensor (..., {layer.in_features}) for this layer, got "
                          f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
     tr = trace(layer, x)
+    # the same call again, naming its steps: x A^T ("down"), then B ("up"), then the scale
+    with torch.no_grad(), Recorder(layer) as rec, rec.steps(
+            {"linear": (None, ("out", "down"), ("out", "up")), "mul": (("out", "scaled"),)}):
+        layer(x)
     with torch.no_grad():
         down = F.linear(x, layer.lora_A)  # (..., r)
         merged = layer.base.weight + layer.delta_weight()  # what layer.merged() holds
@@ -54,37 +61,60 @@ def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
     trained = layer.lora_A.numel() + layer.lora_B.numel()
     c = Canvas("A LoRA layer")
     y = heading(c, f"LoRA, r = {layer.r}: h = x Wᵀ + (α/r) x Aᵀ Bᵀ", 0, 0, "middle")
-    top = draw(c, Node("input x", x_shape, _lead(x_shape, "C_in"), key="x"), 0, y)
+    top = draw(c, Node("input x", x_shape, _lead(x_shape, "C_in"), key="x", flow="x"), 0, y)
     y = top.bottom + GAP + 4
-    left = Node("W: frozen", W, ("C_out", "C_in"), "mask", "W",
-                note=f"{frozen:,} numbers, no gradient")
-    a = Node("A: trained", A, ("r", "C_in"), "attn", "A", note="random at the start")
-    wide = max(left.width, a.width)
-    lx, rx = -(wide / 2 + 14), wide / 2 + 14
+    left = Node("W: frozen", W, ("C_out", "C_in"), "mask", "W", note="no gradient",
+                flow="base", stack=True)
+    wide = max(left.width, 130.0)
+    lx, rx = -(wide / 2 + 12), wide / 2 + 12
     lr = draw(c, left, lx, y, wide)
-    rects = column(c, [a, Node("x Aᵀ: r numbers", tuple(down.shape), _lead(tuple(down.shape),
-                                                                            "r"), "attn", "down"),
-                       Node("B: trained", B, ("C_out", "r"), "head", "B", note="zero at the start"),
-                       Node(f"× α/r = {layer.alpha:g}/{layer.r} = {layer.scaling:g}",
-                            kind="plain", key="scale")],
-                   rx, y, gap=18, same_width=True)
-    for r in (lr, rects[0]):
-        c.line([(0, top.bottom), (0, top.bottom + 12), (r.cx, top.bottom + 12), (r.cx, r.y)])
-    y_add = rects[-1].bottom + 28
-    c.line([(lr.cx, lr.bottom), (lr.cx, y_add), (-11, y_add)])
-    c.line([(rects[-1].cx, rects[-1].bottom), (rects[-1].cx, y_add), (11, y_add)])
+    # the trained branch: A narrows C_in numbers to r, B widens them back to C_out
+    waist = max(26.0, wide * layer.r / layer.in_features)
+    h = 46.0
+    c.trapezoid(rx, y, wide, waist, h, "attn")
+    c.text(rx, y + 18, "A", FONT, bold=True)
+    c.box(rx - waist / 2, y + h, waist, 26, "attn", radius=2)
+    c.text(rx, y + h + 18, str(layer.r), SMALL, mono=True)
+    c.trapezoid(rx, y + h + 26, waist, wide, h, "head")
+    c.text(rx, y + 2 * h + 26 - 10, "B", FONT, bold=True)
+    bottom = y + 2 * h + 26
+    scale = draw(c, Node(f"× α/r = {layer.alpha:g}/{layer.r} = {layer.scaling:g}",
+                         kind="plain", key="scale", flow="scaled"), rx, bottom + 18, wide)
+    c.arrow(rx, bottom, rx, scale.y, edge=("down", "scaled"))
+    c.line([(0, top.bottom), (0, top.bottom + 12), (lr.cx, top.bottom + 12), (lr.cx, lr.y)],
+           edge=("x", "base"))
+    c.line([(0, top.bottom), (0, top.bottom + 12), (rx, top.bottom + 12), (rx, y)],
+           edge=("x", "down"))
+    y_add = max(scale.bottom, lr.bottom) + 26
+    c.line([(lr.cx, lr.bottom), (lr.cx, y_add), (-11, y_add)], edge=("base", "output"))
+    c.line([(scale.cx, scale.bottom), (scale.cx, y_add), (11, y_add)],
+           edge=("scaled", "output"))
     c.adder(0, y_add)
     y = y_add + 11 + GAP
-    c.arrow(0, y_add + 11, 0, y)
-    draw(c, Node("output h", out, _lead(out, "C_out"), "stream", "h",
-                 note=f"trained: {trained:,} numbers = r (C_in + C_out)"), 0, y)
+    c.arrow(0, y_add + 11, 0, y, edge=("output", "output"))
+    h_node = draw(c, Node("output h", out, _lead(out, "C_out"), "stream", "h", flow="output"),
+                  0, y)
+    x0, y = -wide - 12, h_node.bottom + 22
+    for text, key, shape, mono in (
+            ("A: " + shape_label(("r", "C_in"), A) + ", random at first", "A", A, True),
+            ("x Aᵀ: " + shape_label(_lead(tuple(down.shape), "r"), tuple(down.shape)), "down",
+             tuple(down.shape), True),
+            ("B: " + shape_label(("C_out", "r"), B) + ", zero at first", "B", B, True),
+            ("A and B: LoRA's matrices (this B is not the", "", None, False),
+            ("batch); a token passes through r numbers", "", None, False),
+            (f"trained: {trained:,} numbers = r (C_in + C_out)", "counts", (trained,), False),
+            (f"frozen: {frozen:,} numbers", "", None, False)):
+        note(c, x0, y, text, key, shape, mono=mono)
+        y += 18
+    c.check_wiring(rec.flow, nodes=("down",))
     # the merge, as its own panel
     m = Canvas("The merge")
     y = heading(m, "After training: merge", 0, 0, "middle")
     column(m, [Node("W + (α/r) B A", tuple(merged.shape), ("C_out", "C_in"), "ffn",
-                    "merged", note="one matrix again: no extra cost"),
+                    "merged", note="one matrix again: no extra cost", stack=True),
                Node("h = x W′ᵀ", out, _lead(out, "C_out"), "stream", "merged_h",
-                    note="the same output, one product")], 0, y, same_width=True)
+                    note="the same output, one product", stack=True)], 0, y, same_width=True,
+           reason="the merged matrix gives the same output (the LoRA chapter tests it)")
     return Diagram(hstack("LoRA", [c, m], 32, ["", "merge."]), [c, m])
 
 

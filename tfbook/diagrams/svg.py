@@ -285,6 +285,23 @@ class Canvas:
         """A straight arrow from (x0, y0) to (x1, y1)."""
         self.line([(x0, y0), (x1, y1)], **options)  # type: ignore[arg-type]
 
+    def trapezoid(self, cx: float, y: float, top: float, bottom: float, h: float,
+                  kind: str = "data") -> None:
+        """A box whose top edge is `top` wide and its bottom edge `bottom`, centred on cx: a
+        matrix that narrows a vector (or widens it), drawn to its proportions."""
+        if kind not in KINDS:
+            raise ValueError(f"trapezoid kind must be one of {KINDS}, got {kind!r}")
+        if top <= 0 or bottom <= 0 or h <= 0:
+            raise ValueError(f"a trapezoid needs positive sizes, got {top}, {bottom}, {h}")
+        colour = COLOURS[kind]
+        tint = f' style="fill:{colour};fill-opacity:.16;stroke:{colour};stroke-opacity:1"' \
+            if colour else ""
+        points = [(cx - top / 2, y), (cx + top / 2, y), (cx + bottom / 2, y + h),
+                  (cx - bottom / 2, y + h)]
+        self.parts.append('<polygon class="bx" points="' + " ".join(
+            f"{_num(px)},{_num(py)}" for px, py in points) + f'"{tint}/>')
+        self._extend(cx - max(top, bottom) / 2, y, cx + max(top, bottom) / 2, y + h)
+
     def adder(self, x: float, y: float, symbol: str = "+", r: float = 10) -> None:
         """A circle with a symbol at its centre: the residual addition (+) or a product."""
         self.parts.append(f'<circle class="bx" cx="{_num(x)}" cy="{_num(y)}" r="{_num(r)}" '
