@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_decode import cpu_model  # noqa: E402
 from bench_model import machine  # noqa: E402
 
 from tests.browser import CHROMIUM_ARGS, chromium_path, serve, watch, widget_page  # noqa: E402
@@ -56,16 +57,6 @@ BOX = "blocks.0.attn.weights"
 FIRST_DRAWS, CLICK_ROUNDS, TYPINGS = 9, 2, 12
 VIEWPORT = {"width": 1280, "height": 900}
 TIMES_JS = "(r) => r.explorerTimes"
-
-
-def cpu_model() -> str:
-    """The processor's model name from /proc/cpuinfo ("" where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name")), "")
-    except OSError:
-        return ""
 
 
 def summary(times: list[float]) -> dict:
