@@ -371,6 +371,11 @@ def test_bad_requests(models):
         beam_search(ours, prompt, 2, 3, early_stopping=1)
     with pytest.raises(ValueError, match="empty prompt"):
         beam_search(ours, [[1, 2], []], 2, 3)
+    # end ids as generate takes them: a string or None is refused, never read letter by letter
+    with pytest.raises(TypeError, match="end_ids must be an int token id or a sequence"):
+        beam_search(ours, prompt, 2, 3, end_ids="2")
+    with pytest.raises(TypeError, match="end_ids must be an int token id or a sequence"):
+        beam_search_plain(ours, prompt[0], 2, 3, end_ids=None)
     with pytest.raises(ValueError, match=r"shape \(B, T\) with T >= 1, got \(1, 0\)"):
         beam_search(ours, torch.zeros(1, 0, dtype=torch.long), 2, 3)
     with pytest.raises(ValueError, match="a row of padding only"):

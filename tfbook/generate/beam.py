@@ -26,7 +26,6 @@ N new tokens, V vocab, S source length, C model width.
 """
 
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +35,7 @@ from torch import Tensor, nn
 
 from tfbook.config import is_int, is_number
 from tfbook.generate.search import (
+    as_end_ids,
     as_prompt_ids,
     check_model,
     check_request,
@@ -96,10 +96,6 @@ def _check_num_beams(num_beams: int) -> None:
         raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
 
 
-def _end_id_list(end_ids: int | Sequence[int]) -> list[int]:
-    return [end_ids] if isinstance(end_ids, numbers.Integral) else list(end_ids)
-
-
 @torch.no_grad()
 def beam_search_plain(
     model: nn.Module,
@@ -131,7 +127,7 @@ def beam_search_plain(
     if memory is not None and (memory.dim() != 3 or memory.size(0) != 1):
         raise ValueError(f"memory must be one source, shape (1, S, C), got "
                          f"{tuple(memory.shape)}")
-    end_ids = _end_id_list(end_ids)
+    end_ids = as_end_ids(end_ids)
     check_request(len(prompt), max_new_tokens, model.config.max_len, end_ids,
                   model_vocab_size(model))
     device = next(model.parameters()).device
@@ -284,7 +280,7 @@ def beam_search(
     ids, mask = prompt_batch(prompts, attention_mask, pad_id, V)
     device = next(model.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
-    end_ids = _end_id_list(end_ids)
+    end_ids = as_end_ids(end_ids)
     check_request(ids.size(1), max_new_tokens, model.config.max_len, end_ids, V)
     if K > V - len(set(end_ids)):  # the first step extends one beam: V candidates
         raise ValueError(
