@@ -41,7 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_decode import cpu_model  # noqa: E402
 from bench_model import machine  # noqa: E402
 
 from tests.browser import CHROMIUM_ARGS, chromium_path, serve, watch, widget_page  # noqa: E402
@@ -60,7 +59,8 @@ TIMES_JS = "(r) => r.explorerTimes"
 
 
 def summary(times: list[float]) -> dict:
-    """Median, range and every value (ms)."""
+    """Median, range and every value (ms, to 0.01 ms)."""
+    times = [round(t, 2) for t in times]
     return {"median": statistics.median(times), "min": min(times), "max": max(times),
             "n": len(times), "all": times}
 
@@ -86,7 +86,7 @@ def wait_for_first_draw(page, root) -> dict:
 def main() -> None:
     if not (ASSETS / "require.min.js").exists():
         sys.exit(f"the front-end files are missing in {ASSETS}: run `make vendor`")
-    record = machine(cpu_model=cpu_model())  # the load as the run starts
+    record = machine()  # the load as the run starts
     model, tokenizer = load_trained_gpt(book_file("learning/data/training_gpt"))
     widget = ModelExplorer.from_page_model(model, tokenizer, TEXT, box=BOX)
     keys = [b["key"] for b in widget.diagram["boxes"]]
@@ -137,13 +137,13 @@ def main() -> None:
         "click_ms": summary(times["clicks"]), "click_to_frame_ms": summary(times["clickFrames"]),
         "typing_64_tokens_ms": summary(times["typing"][-TYPINGS:]),
         "forward_64_tokens_ms": summary(times["runs"][-TYPINGS:]),
-        "machine": machine(cpu_model=cpu_model(), chromium=version,
+        "machine": machine(chromium=version,
                            load_average_1min_at_start=record["load_average_1min"]),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     m = result["machine"]
-    print(f"{m['cpu_model'] or m['cpu']} x{m['cpu_count']}, Chromium {version}, load "
+    print(f"{m['cpu']} x{m['cpu_count']}, Chromium {version}, load "
           f"{m['load_average_1min_at_start']:.1f} -> {m['load_average_1min']:.1f}")
     for name in ("first_draw_ms", "drawn_after_navigation_ms", "click_ms", "click_to_frame_ms",
                  "typing_64_tokens_ms", "forward_64_tokens_ms"):
