@@ -191,6 +191,15 @@ def test_training_loop_shapes_and_config() -> None:
     assert "mean over B·T = 64 targets" in texts
     unclipped = training_loop(model, (x, x), replace(config, clip=None))
     assert "off (clip=None)" in svg_texts(unclipped.svg)
+    # the arrows are those of a real step, recorded on a copy of the model: the targets go
+    # to the loss past the forward pass, the rate is no tensor of the step (it says so)
+    assert d.wired and {("idx", "lm_head"), ("lm_head", "loss"), ("targets", "loss"),
+                        ("loss", "grads"), ("grads", "clipped"),
+                        ("clipped", "params")} <= set(d.edges)
+    assert not any("lr" in e for edge in d.edges for e in edge)
+    before = [p.detach().clone() for p in model.parameters()]
+    training_loop(model, (x, x), config, step=50)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     all_labels_drawn(d)
 
 

@@ -293,6 +293,23 @@ class Recorder(TorchFunctionMode):
         """Another name (prefix + `name`) for the tensor named prefix + `existing`."""
         self.flow.alias(self.prefix + name, self.prefix + existing)
 
+    def name_all(self, tensors: list[Tensor], name: str, sources: tuple[str, ...] = ()) -> None:
+        """One name for a group of tensors (a model's gradients, its parameters), computed
+        from what they were computed from, and from the tensors named in `sources` (what
+        autograd's backward, which runs outside Python, computed them from)."""
+        if not tensors or not all(isinstance(t, Tensor) for t in tensors):
+            raise TypeError("name_all needs a non-empty list of tensors")
+        came_from = self._sources(tensors) | {self.flow.vertex(self.prefix + n) for n in sources}
+        vertices = {next(iter(e[1])) for t in tensors
+                    if (e := self._entries.get(id(t))) is not None and e[2]}
+        if len(vertices) == 1 and came_from == frozenset(vertices) and all(
+                id(t) in self._entries for t in tensors):  # all one named group: an alias
+            self.flow.alias(self.prefix + name, vertices.pop())
+            return
+        vertex = self.flow.add(self.prefix + name, came_from)
+        for t in tensors:
+            self._entries[id(t)] = (t, frozenset({vertex}), True)
+
     @contextmanager
     def steps(self, rules: dict[str, tuple], base: str = "") -> Iterator[None]:
         """While active, name tensors by the order of the operations that make or use them:
@@ -331,10 +348,13 @@ class Recorder(TorchFunctionMode):
         sources = self._sources(args) | self._sources(kwargs)
         if (op.endswith("_") and not op.endswith("__")) or op in IN_PLACE_DUNDER:
             target = args[0] if args and isinstance(args[0], Tensor) else None
-            if target is not None and sources:  # a new value in the same tensor (and its base)
-                for t in (target, target._base):
-                    if t is not None:
-                        self._derive(t, sources | self._sources(t))
+            if target is not None and sources:  # a new value in the same tensor, and in every
+                # tensor that shares its memory (its base, a detached alias, a view of it)
+                memory = target.untyped_storage().data_ptr()
+                sharing = [e[0] for e in self._entries.values() if memory
+                           and e[0].untyped_storage().data_ptr() == memory]
+                for t in {id(t): t for t in [target, *sharing]}.values():
+                    self._derive(t, sources | self._sources(t))
             return out
         for t in _tensors(out):
             self._derive(t, sources)

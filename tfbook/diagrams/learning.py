@@ -13,6 +13,8 @@ count from the model or the config, and every chunk of the ring from a run of
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -25,7 +27,8 @@ from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
 from tfbook.diagrams.trace import trace
 from tfbook.lora import LoRALinear
 from tfbook.train.distributed import ring_all_reduce_steps, shard_batch
-from tfbook.train.loop import TrainConfig
+from tfbook.train.loop import TrainConfig, lm_loss
+from tfbook.train.optim import adamw, clip_grad_norm
 
 BTC = ("B", "T", "C")
 
@@ -120,13 +123,37 @@ def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
 
 # --- the training loop --------------------------------------------------------------------
 
+def _traced_step(model: nn.Module, batch: tuple[Tensor, Tensor], config: TrainConfig,
+                 step: int) -> Recorder:
+    """One step of the book's loop (`lm_loss`, backward, `clip_grad_norm`, `adamw`) on a copy
+    of `model`, recorded: the loss, the gradients, the clipped gradients, the parameters after
+    the step. The model itself, and torch's random numbers, are left as they were."""
+    twin = copy.deepcopy(model)
+    params = [p for p in twin.parameters() if p.requires_grad]
+    optimizer = adamw(twin, config.lr_at(step), config.betas, config.weight_decay)
+    with torch.random.fork_rng(), Recorder(twin) as rec:
+        rec.name(batch[1], "targets")  # the model's call names x ("idx"); lm_loss reads y
+        loss = lm_loss(twin, batch, config.label_smoothing)
+        rec.name(loss, "loss")
+        loss.backward()  # autograd runs outside Python: the gradients come from the loss
+        grads = [p.grad for p in params if p.grad is not None]
+        rec.name_all(grads, "grads", sources=("loss",))
+        if config.clip:
+            clip_grad_norm(params, config.clip)
+        rec.name_all(grads, "clipped")
+        optimizer.step()
+        rec.name_all(params, "params")
+    return rec
+
+
 def training_loop(model: nn.Module, batch: tuple[Tensor, Tensor], config: TrainConfig,
                   step: int = 0) -> Diagram:
     """One optimiser step of the book's loop with the model's traced shapes and the config's
-    values: batch, forward, loss, backward, clip, schedule, AdamW step, and round again.
+    values: batch, forward, loss, backward, clip, AdamW step (the schedule's rate read beside
+    it), and round again. Every arrow between tensors is a dependency of a real step, run on
+    a copy of the model (`lm_loss`, backward, `clip_grad_norm`, `adamw`) and recorded.
 
-    The forward pass runs without gradients, with torch's random state restored after it, so
-    drawing changes neither the model nor the random numbers of a later cell.
+    The drawing changes neither the model nor the random numbers of a later cell.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -140,6 +167,7 @@ def training_loop(model: nn.Module, batch: tuple[Tensor, Tensor], config: TrainC
     x, y = batch
     with torch.random.fork_rng():
         tr = trace(model, x)
+        rec = _traced_step(model, batch, config, step)
     logits = tr.shape("lm_head")
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     B, T = x.shape
@@ -148,31 +176,45 @@ def training_loop(model: nn.Module, batch: tuple[Tensor, Tensor], config: TrainC
     peak = f"{config.lr:g}"
     clip = (f"if the norm > {config.clip:g}, scale to {config.clip:g}" if config.clip
             else "off (clip=None)")
+    wrap = 170.0
     nodes = [
         Node("batch x, targets y", (B, T), ("B", "T"), key="batch",
-             note="y is x shifted by one token"),
-        Node("forward: logits", logits, ("B", "T", "V"), "attn", "logits"),
+             note="y is x shifted by one token", flow="idx", wrap=wrap),
+        Node("forward: logits", logits, ("B", "T", "V"), "attn", "logits", flow="lm_head",
+             stack=True),
         Node("loss: cross-entropy", note=f"mean over B·T = {B * T:,} targets", kind="head",
-             key="loss"),
+             key="loss", flow="loss", wrap=wrap),
         Node("backward: gradients", (n_params,), ("N",), "ffn", "grads",
-             note="one number per parameter"),
-        Node("clip the global norm", note=clip, kind="norm", key="clip"),
-        Node(f"learning rate of step {step}: {config.lr_at(step):.3g}", kind="plain",
-             key="lr", note=f"warmup {config.warmup} steps to {peak}, then {decay}" + (
-                 f" to {config.lr * config.min_lr_ratio:g}"
-                 if config.schedule in ("cosine", "linear") else "")),
-        Node("AdamW step", kind="ffn", key="adamw",
+             note="one number per parameter", flow="grads", wrap=wrap),
+        Node("clip the global norm", note=clip, kind="norm", key="clip", flow="clipped",
+             wrap=wrap),
+        Node("AdamW step", kind="ffn", key="adamw", flow="params",
              note=f"β = {config.betas[0]:g}, {config.betas[1]:g}; "
-                  f"weight decay {config.weight_decay:g}"),
+                  f"weight decay {config.weight_decay:g}", wrap=wrap),
     ]
     c = Canvas("The training loop")
     y0 = heading(c, f"The training loop: {config.steps:,} steps", 0, 0, "middle")
     rects = column(c, nodes, 0, y0, gap=20, same_width=True)
-    xl = rects[0].x - 26
+    # the targets go straight to the loss, past the forward pass
+    x_t = rects[0].right + 12
+    c.line([(rects[0].right, rects[0].cy), (x_t, rects[0].cy), (x_t, rects[2].cy),
+            (rects[2].right, rects[2].cy)], edge=("targets", "loss"))
+    # the rate: a number the schedule gives the optimiser, not a tensor of the step
+    lr = draw(c, Node(f"learning rate of step {step}: {config.lr_at(step):.3g}", kind="plain",
+                      key="lr", note="from the schedule", wrap=wrap), 0, rects[-1].bottom + 26)
+    c.arrow(0, lr.y, 0, rects[-1].bottom,
+            edge="the schedule's rate, a number the optimiser step reads")
+    xl = rects[0].x - 18
     c.line([(rects[-1].x, rects[-1].cy), (xl, rects[-1].cy), (xl, rects[0].cy),
-            (rects[0].x, rects[0].cy)])
-    c.text(xl - 6, (rects[0].cy + rects[-1].cy) / 2, "next step", SMALL, anchor="end",
-           )
+            (rects[0].x, rects[0].cy)], edge="round again: the next step's batch")
+    c.text(xl - 4, (rects[0].cy + rects[-1].cy) / 2, "next step", SMALL, anchor="middle",
+           vertical=True)
+    note(c, lr.x, lr.bottom + 20, f"the schedule: warmup {config.warmup} steps to {peak},",
+         "schedule")
+    note(c, lr.x, lr.bottom + 38, f"then {decay}" + (
+        f" to {config.lr * config.min_lr_ratio:g}"
+        if config.schedule in ("cosine", "linear") else ""))
+    c.check_wiring(rec.flow)
     return Diagram(c)
 
 
