@@ -84,3 +84,17 @@ def test_bad_input() -> None:
         trace_attention_backward(q, k, v, grad_out=torch.zeros(3, 4, dtype=torch.float64))
     with pytest.raises(TypeError, match="needs a BackwardTrace"):
         attention_backward_graph("not a trace")
+
+
+def test_the_backward_arrows_are_the_hand_derived_backwards_dependencies() -> None:
+    """The dashed arrows (G -> dA, dV; dA -> dZ; dZ -> dQ, dK) are checked against a recording
+    of `attention_backward` itself: dZ is computed from dA (and A) only, dQ and dK from dZ."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(n, 4, dtype=torch.float64) for n in (5, 7, 7))
+    tb = trace_attention_backward(q, k, v)
+    d = attention_backward_graph(tb)
+    assert d.wired
+    flow = tb.backward_flow
+    assert flow.sources("dZ") == {"dA", "A"} and flow.sources("dA") == {"G", "V"}
+    assert flow.depends("dQ", "dZ") and not flow.depends("dV", "dZ")
+    assert ("backward.dZ", "backward.dQ") in d.edges and ("forward.v", "forward.heads") in d.edges

@@ -15,21 +15,26 @@ chapter's: Z the scores, A the weights, Y the output, G its gradient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from tfbook.attention import scaled_dot_product_attention
+import tfbook.attention
 from tfbook.attention_backward import attention_backward
 from tfbook.diagrams._shared import heading, note
+from tfbook.diagrams.dataflow import Dataflow, Recorder
 from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.layout import GAP, Node, Rect, draw, hstack, letters_for
 from tfbook.diagrams.svg import Canvas
 
 Shape = tuple[int, ...]
+# inside attention_backward, steps (1)-(4) in the order it computes them: the 1st product
+# is dV = A^T G, the 2nd dA = G V^T; the 3rd starts dQ = dZ K / sqrt(D), so its first argument
+# is dZ (the gradient of the scores)
+BACKWARD_STEPS = {"matmul": (None, ("out", "dA"), ("arg0", "dZ"))}
 QUERY = ("B", "H", "T", "D")
 KEY = ("B", "H", "S", "D")
 SCORES = ("B", "H", "T", "S")
@@ -59,6 +64,8 @@ class BackwardTrace:
     grad_v: Shape
     masked: bool
     max_difference: float
+    forward_flow: Dataflow | None = field(default=None, compare=False, repr=False)
+    backward_flow: Dataflow | None = field(default=None, compare=False, repr=False)
 
 
 class _KeepSoftmax(TorchFunctionMode):
@@ -91,9 +98,12 @@ def trace_attention_backward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Non
                              f"{t.dtype} of shape {tuple(t.shape)}")
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     keep = _KeepSoftmax()
+    forward = Recorder()
     with torch.enable_grad():
-        with keep:
-            out, weights = scaled_dot_product_attention(q, k, v, mask)
+        with forward, keep:
+            for name, t in (("q", q), ("k", k), ("v", v)):
+                forward.name(t, name)
+            out, weights = tfbook.attention.scaled_dot_product_attention(q, k, v, mask)
         if len(keep.calls) != 1:
             raise RuntimeError(f"expected one softmax in the forward pass, saw {len(keep.calls)}")
         scores = keep.calls[0][0]
@@ -106,7 +116,16 @@ def trace_attention_backward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Non
             raise ValueError(f"grad_out must have the output's shape {tuple(out.shape)}, got "
                              f"{tuple(grad_out.shape)}")
         out.backward(grad_out)
-    hand = attention_backward(grad_out, q.detach(), k.detach(), v.detach(), weights.detach())
+    # the hand-derived backward, recorded: steps (1)-(4) name dV, dA, dZ (where dQ and dK
+    # begin), dQ and dK; G, Q, K, V and A are its inputs
+    backward = Recorder()
+    inputs = (grad_out, q.detach(), k.detach(), v.detach(), weights.detach())
+    with torch.no_grad(), backward, backward.steps(BACKWARD_STEPS):
+        for name, t in zip(("G", "Q", "K", "V", "A"), inputs, strict=True):
+            backward.name(t, name)
+        hand = attention_backward(*inputs)
+        for name, t in zip(("dQ", "dK", "dV"), hand, strict=True):
+            backward.name(t, name)
     auto = (q.grad, k.grad, v.grad)
     if any(h.shape != a.shape for h, a in zip(hand, auto, strict=True)):
         raise RuntimeError("the hand-derived gradients have other shapes than autograd's")
@@ -116,7 +135,8 @@ def trace_attention_backward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Non
         weights=tuple(weights.shape), out=tuple(out.shape), grad_out=tuple(grad_out.shape),
         grad_weights=tuple(weights.grad.shape), grad_scores=tuple(scores.grad.shape),
         grad_q=tuple(hand[0].shape), grad_k=tuple(hand[1].shape), grad_v=tuple(hand[2].shape),
-        masked=mask is not None, max_difference=diff)
+        masked=mask is not None, max_difference=diff, forward_flow=forward.flow,
+        backward_flow=backward.flow)
 
 
 def _node(title: str, shape: Shape, legend: tuple[str, ...], kind: str, key: str,
@@ -152,12 +172,14 @@ def _forward_canvas(tb: BackwardTrace) -> Canvas:
              _node("V", tb.v, KEY, "attn", "v", "values")],
             [_node("Y = A V", tb.out, QUERY, "attn", "out", "output")]]
     (q, k), (z,), (a, v), (out,) = _place(c, rows, _columns(rows), y)
-    for r in (q, k):  # Q and K meet in the scores
-        c.line([(r.cx, r.bottom), (r.cx, r.bottom + 12), (z.cx, r.bottom + 12), (z.cx, z.y)])
-    c.arrow(z.cx, z.bottom, a.cx, a.y)
-    c.arrow(a.cx, a.bottom, out.cx, out.y)
-    c.line([(v.cx, v.bottom), (v.cx, out.cy), (out.right, out.cy)])
+    for r, name in ((q, "q"), (k, "k")):  # Q and K meet in the scores
+        c.line([(r.cx, r.bottom), (r.cx, r.bottom + 12), (z.cx, r.bottom + 12), (z.cx, z.y)],
+               edge=(name, "masked"))
+    c.arrow(z.cx, z.bottom, a.cx, a.y, edge=("masked", "weights"))
+    c.arrow(a.cx, a.bottom, out.cx, out.y, edge=("weights", "heads"))
+    c.line([(v.cx, v.bottom), (v.cx, out.cy), (out.right, out.cy)], edge=("v", "heads"))
     note(c, c.x0, c.y1 + 20, "kept for the backward: Q, K, V, A")
+    c.check_wiring(tb.forward_flow)
     return c
 
 
@@ -171,12 +193,14 @@ def _backward_canvas(tb: BackwardTrace) -> Canvas:
              _node("dV = Aᵀ G", tb.grad_v, KEY, "head", "grad_v", "(1)")],
             [_node("G = ∂L/∂Y", tb.grad_out, QUERY, "head", "grad_out", "given")]]
     (dq, dk), (dz,), (da, dv), (g,) = _place(c, rows, _columns(rows), y)
-    for r in (dq, dk):  # dZ splits into dQ and dK
+    for r, name in ((dq, "dQ"), (dk, "dK")):  # dZ splits into dQ and dK
         c.line([(dz.cx, dz.y), (dz.cx, r.bottom + 12), (r.cx, r.bottom + 12), (r.cx, r.bottom)],
-               dashed=True)
-    c.line([(da.cx, da.y), (dz.cx, dz.bottom)], dashed=True)
-    c.line([(g.cx, g.y), (da.cx, da.bottom)], dashed=True)
-    c.line([(g.right, g.cy), (dv.cx, g.cy), (dv.cx, dv.bottom)], dashed=True)
+               dashed=True, edge=("dZ", name))
+    c.line([(da.cx, da.y), (dz.cx, dz.bottom)], dashed=True, edge=("dA", "dZ"))
+    c.line([(g.cx, g.y), (da.cx, da.bottom)], dashed=True, edge=("G", "dA"))
+    c.line([(g.right, g.cy), (dv.cx, g.cy), (dv.cx, dv.bottom)], dashed=True,
+           edge=("G", "dV"))
+    c.check_wiring(tb.backward_flow)
     return c
 
 
