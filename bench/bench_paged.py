@@ -12,10 +12,12 @@ Greedy decoding, no end token, so every request writes exactly its max_new_token
      decoded by `generate` until its longest answer is done (finished rows keep computing);
    - continuous batching: `ContinuousBatcher` with at most BATCH running sequences, blocks of
      BLOCK_SIZE positions; a finished request leaves at once and the next one is prefilled.
-   Timed as in bench_generate.py (median over rounds in which both take turns, after a
-   warm-up, one process, two threads, OMP_WAIT_POLICY=PASSIVE); the ratio is continuous over
-   static. Also counted (integers, the same on any machine): forward passes and the token
-   positions they computed (B x T per pass, padding included).
+   Both take turns in every round (after a warm-up round), one process, two threads,
+   OMP_WAIT_POLICY=PASSIVE, so a burst of load from other processes slows both alike. Each
+   round's wall-clock and CPU time (time.process_time, all threads) are kept, so the spread
+   of the ratio over the rounds is on record beside its median and the machine's load. Also
+   counted (integers, the same on any machine): forward passes and the token positions they
+   computed (B x T per pass, padding included).
 2. Memory held by the cache: the bytes of the blocks in use after each step (peak and mean
    over the steps) against a contiguous cache of BATCH rows x the longest request
    (prompt + max_new_tokens) that a batch without paging must hold for any mix of requests,
@@ -38,7 +40,10 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a plain script from a checkout
 
-from bench_model import machine, median_times  # noqa: E402  (the same method as the other benchmarks)
+import statistics  # noqa: E402
+
+from bench_model import machine  # noqa: E402  (the same record as the other benchmarks)
+from tqdm import tqdm  # noqa: E402
 
 from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
 from tfbook.corpus import stdlib_corpus  # noqa: E402
@@ -57,7 +62,7 @@ BATCH = 8  # rows of a static batch, and running sequences of the continuous bat
 BLOCK_SIZE = 16
 PROMPT_RANGE = (8, 96)  # prompt lengths drawn uniformly from this range (tokens)
 NEW_RANGE = (4, 64)  # max_new_tokens drawn uniformly from this range
-REPEATS = 2  # timed rounds (each runs the whole workload both ways)
+REPEATS = 3  # timed rounds (each runs the whole workload both ways), after one warm-up
 
 
 def workload() -> tuple[list[list[int]], list[int]]:
@@ -81,7 +86,7 @@ def run_continuous(model, prompts, budgets, num_blocks) -> ContinuousBatcher:
 
 def main() -> None:
     torch.set_num_threads(THREADS)
-    start = time.perf_counter()
+    start, load_at_start = time.perf_counter(), os.getloadavg()[0]
     print("loading SmolLM2-135M-Instruct", flush=True)
     model = load_smollm2()
     prompts, budgets = workload()
@@ -89,16 +94,25 @@ def main() -> None:
     num_blocks = BATCH * blocks_needed(longest, BLOCK_SIZE)  # room for BATCH longest requests
     useful = sum(budgets)
 
-    print(f"[1/2 at {time.perf_counter() - start:4.0f} s] {REQUESTS} requests, "
-          f"{useful} new tokens, both ways", flush=True)
-    times = median_times({
-        "static": lambda: generate_static(model, prompts, budgets, BATCH),
-        "continuous": lambda: run_continuous(model, prompts, budgets, num_blocks),
-    }, repeats=REPEATS, warmup=1)
-
-    print(f"[2/2 at {time.perf_counter() - start:4.0f} s] counting steps and memory", flush=True)
-    static_out, static_computed = generate_static(model, prompts, budgets, BATCH)
-    batcher = run_continuous(model, prompts, budgets, num_blocks)
+    print(f"{REQUESTS} requests, {useful} new tokens, both ways in each of {1 + REPEATS} "
+          f"rounds (the first a warm-up)", flush=True)
+    wall: dict[str, list[float]] = {"static": [], "continuous": []}
+    cpu: dict[str, list[float]] = {"static": [], "continuous": []}
+    with tqdm(total=2 * (1 + REPEATS), desc="bench_paged", unit="run") as bar:
+        for round_ in range(1 + REPEATS):
+            for name in ("static", "continuous"):
+                w0, c0 = time.perf_counter(), time.process_time()
+                if name == "static":
+                    static_out, static_computed = generate_static(model, prompts, budgets, BATCH)
+                else:
+                    batcher = run_continuous(model, prompts, budgets, num_blocks)
+                if round_:  # the first round warms up
+                    wall[name].append(time.perf_counter() - w0)
+                    cpu[name].append(time.process_time() - c0)
+                bar.update()
+    times = {name: statistics.median(ts) for name, ts in wall.items()}
+    round_ratios = [s / c for s, c in zip(wall["static"], wall["continuous"], strict=True)]
+    cpu_ratios = [s / c for s, c in zip(cpu["static"], cpu["continuous"], strict=True)]
     cont_out = [batcher.requests[i].output for i in range(REQUESTS)]
     steps = [r for r in batcher.history if r.kind != "idle"]
     static_passes = sum(max(budgets[i:i + BATCH]) for i in range(0, REQUESTS, BATCH))
@@ -110,7 +124,7 @@ def main() -> None:
     contiguous = contiguous_bytes(model, BATCH, longest)
 
     results = {
-        "machine": machine(),
+        "machine": machine(load_average_1min_at_start=load_at_start),
         "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to float32), greedy",
         "workload": {"requests": REQUESTS, "batch": BATCH, "block_size": BLOCK_SIZE,
                      "num_blocks": num_blocks, "prompt_lengths": list(map(len, prompts)),
@@ -120,6 +134,11 @@ def main() -> None:
             "continuous_tokens_per_s": useful / times["continuous"],
             "continuous_over_static": times["static"] / times["continuous"],
             "static_seconds": times["static"], "continuous_seconds": times["continuous"],
+            "rounds": REPEATS,
+            "round_ratios": round_ratios,  # continuous over static, wall-clock, each round
+            "cpu_round_ratios": cpu_ratios,  # the same in CPU time (all threads)
+            "static_wall_seconds": wall["static"], "continuous_wall_seconds": wall["continuous"],
+            "static_cpu_seconds": cpu["static"], "continuous_cpu_seconds": cpu["continuous"],
         },
         "work": {"static_forward_passes": static_passes,
                  "continuous_forward_passes": len(steps),
@@ -146,6 +165,8 @@ def main() -> None:
     print(f"\n{'':28}{'static':>12}{'continuous':>12}{'ratio':>8}")
     print(f"{'new tokens / s':28}{t['static_tokens_per_s']:12.1f}"
           f"{t['continuous_tokens_per_s']:12.1f}{t['continuous_over_static']:8.2f}x")
+    print(f"{'ratio in each round':28}{'':24}" + " ".join(f"{r:.2f}" for r in round_ratios)
+          + "  (CPU time: " + " ".join(f"{r:.2f}" for r in cpu_ratios) + ")")
     print(f"{'forward passes':28}{w['static_forward_passes']:12d}"
           f"{w['continuous_forward_passes']:12d}")
     print(f"{'token positions computed':28}{w['static_token_positions']:12d}"

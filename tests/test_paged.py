@@ -436,6 +436,13 @@ def test_sharing_survives_preemption(model):
     assert alloc.num_free == 7 and alloc.refs == [0] * 7 and alloc.tables == {}
 
 
+def raises(error: type, message: str, call) -> None:
+    """call() raises exactly `error` with exactly `message`."""
+    with pytest.raises(error) as caught:
+        call()
+    assert type(caught.value) is error and str(caught.value) == message
+
+
 def fresh_allocator() -> BlockAllocator:
     """Sequence "s" holds 6 positions in 2 blocks of 4; 6 blocks in all."""
     alloc = BlockAllocator(num_blocks=6, block_size=4)
@@ -492,18 +499,11 @@ ALLOCATOR_BAD_INPUT = [  # (call on a fresh allocator, error, the whole message)
 def test_the_allocator_refuses_bad_input_and_changes_nothing(call, error, message):
     alloc = fresh_allocator()
     before = (dict(alloc.tables), dict(alloc.lengths), list(alloc.free), list(alloc.refs))
-    with pytest.raises(error) as caught:
-        call(alloc)
-    assert str(caught.value) == message
+    raises(error, message, lambda: call(alloc))
     assert (alloc.tables, alloc.lengths, list(alloc.free), alloc.refs) == before
 
 
 def test_the_cache_refuses_bad_input(model):
-    def raises(error, message, call):
-        with pytest.raises(error) as caught:
-            call()
-        assert str(caught.value) == message
-
     config = model.config
     layers, heads, size = config.n_layers, config.n_kv_heads or config.n_heads, config.head_size
     raises(TypeError, "dtype must be a floating-point torch.dtype, got torch.int64",
@@ -556,11 +556,6 @@ def test_the_cache_refuses_bad_input(model):
 
 
 def test_the_batcher_refuses_bad_input(model):
-    def raises(error, message, call):
-        with pytest.raises(error) as caught:
-            call()
-        assert str(caught.value) == message
-
     def make(**options):
         return ContinuousBatcher(model, num_blocks=8, block_size=4, **options)
 
