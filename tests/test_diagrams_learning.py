@@ -3,6 +3,7 @@ every label read from the real objects."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -105,7 +106,7 @@ def test_ring_labels_are_the_algorithms_chunks(p: int) -> None:
     d = ring_steps(p)
     labels = {lb.key: lb.text for lb in d.labels if lb.key}
     expected = ring_by_sets(p)
-    assert len(d._panels) == len(expected) == 2 * p - 1
+    assert len(d._panels) == len(expected) + 1 == 2 * p  # the ring, then one panel a step
     for i, state in enumerate(expected):
         for r in range(p):
             for c in range(p):
@@ -116,6 +117,20 @@ def test_ring_labels_are_the_algorithms_chunks(p: int) -> None:
     assert all(labels[f"{p - 1}.{r}.{(r + 1) % p}"] == "Σ" for r in range(p))
     assert all(labels[f"{2 * p - 2}.{r}.{c}"] == "Σ" for r in range(p) for c in range(p))
     all_labels_drawn(d)
+    # the ring's arrows are the run's sends, each rank to the next; the caption is said once
+    from tfbook.train.distributed import ring_all_reduce_steps
+
+    sends = {(a, b) for st in ring_all_reduce_steps([torch.ones(p)] * p) for a, b, _ in st.sends}
+    arrows = {tuple(int(n) for n in re.findall(r"\d+", why)) for why in d._other_arrows}
+    assert arrows == sends == {(r, (r + 1) % p) for r in range(p)}
+    assert sum("outlined" in t for t in svg_texts(d.svg)) <= 1
+    # the outline of a sent chunk stays inside its own cell: it touches no neighbour
+    step = d._panels[2][0]  # reduce-scatter 1: the first panel that sends
+    cells = [float(w) for w in re.findall(r'<rect class="bx" x="[-\d.]+" y="[-\d.]+" '
+                                          r'width="([\d.]+)"', step)]
+    outlines = [float(w) for w in re.findall(r'<rect class="bx dash" x="[-\d.]+" '
+                                             r'y="[-\d.]+" width="([\d.]+)"', step)]
+    assert len(outlines) == p and all(w <= min(cells) + 8 for w in outlines)
 
 
 @pytest.mark.parametrize("p", [1, 9, "4", True, 4.0])
@@ -131,12 +146,17 @@ def test_data_parallel_shards_and_replicas() -> None:
     x = torch.randint(0, 256, (12, 10))
     n = sum(p.numel() for p in model.parameters())
     for p in (2, 3, 4):
-        labels = data_parallel(model, (x, x), p).shape_labels
+        d = data_parallel(model, (x, x), p)
+        labels = d.shape_labels
         assert numbers(labels["global"]) == (12, 10)
         for r in range(p):
             assert numbers(labels[f"shard{r}"]) == (12 // p, 10)
-            assert numbers(labels[f"replica{r}"]) == numbers(labels[f"grad{r}"]) == (n,)
-        assert f"shard{p}" not in labels
+            assert numbers(labels[f"grad{r}"]) == (n,)
+            # the arrows are a step played in one process: shard -> loss -> g_r -> the mean
+            assert {("batch", f"shard{r}"), (f"shard{r}", f"loss{r}"),
+                    (f"loss{r}", f"grad{r}"), (f"grad{r}", "mean")} <= set(d.edges)
+        assert f"shard{p}" not in labels and d.wired and ("mean", "step") in d.edges
+        assert "gradient g0" in svg_texts(d.svg) and "gradient g_r" not in svg_texts(d.svg)
     with pytest.raises(ValueError, match="world_size must be an int from 2 to 4"):
         data_parallel(model, (x, x), 5)
     with pytest.raises(ValueError):
@@ -162,6 +182,10 @@ def test_model_parallel_splits_the_real_weights() -> None:
         assert idle == 2 * ranks * (ranks - 1)
         assert total == ranks * 2 * (3 + ranks - 1)
         all_labels_drawn(d)
+        # the split FFN, played on a small one: x -> each rank's rows of W_1 -> its columns of
+        # W_2 -> the sum (which equals the whole FFN's output, or the drawing is refused)
+        assert d.wired and {("tensor.x", f"tensor.w1.{r}") for r in range(ranks)} | {
+            (f"tensor.w2.{r}", "tensor.sum") for r in range(ranks)} <= set(d.edges)
     with pytest.raises(ValueError, match="ranks must be an int from 2"):
         model_parallel(model, 5)
     with pytest.raises(TypeError, match="GPT"):

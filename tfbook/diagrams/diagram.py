@@ -48,6 +48,7 @@ class Diagram:
         # the arrows: dependencies (source, result) between traced tensors, each panel's
         # names with its prefix, and whether every arrow was checked against the computation
         self.edges: list[tuple[str, str]] = list(canvas.edges)
+        self._other_arrows: list[str] = list(canvas.other_arrows)  # arrows that are no data
         self.wired: bool = canvas.wired and all(p.wired for p in panels or [])
         self.narrow_labels: list[Label] = []
         self._narrow: list[str] = []

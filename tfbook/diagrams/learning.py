@@ -14,6 +14,7 @@ count from the model or the config, and every chunk of the ring from a run of
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,8 @@ from tfbook.diagrams.layout import GAP, Node, Rect, column, draw, hstack, row, s
 from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
 from tfbook.diagrams.trace import trace
 from tfbook.lora import LoRALinear
-from tfbook.train.distributed import ring_all_reduce_steps, shard_batch
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.train.distributed import ring_all_reduce, ring_all_reduce_steps, shard_batch
 from tfbook.train.loop import TrainConfig, lm_loss
 from tfbook.train.optim import adamw, clip_grad_norm
 
@@ -228,12 +230,41 @@ def _ring_label(value: float, p: int) -> str:
     return "+".join(str(k) for k in range(p) if mask >> k & 1)
 
 
+def _ring(p: int, pairs: set[tuple[int, int]]) -> Canvas:
+    """The ranks on a ring, an arrow from each to the rank it sends to (`pairs`, the run's)."""
+    c = Canvas("The ring")
+    y = heading(c, "the ring: each rank sends to the next", 0, 0, "middle")
+    R, r = 58.0, 20.0  # the ring's radius, a rank's
+    cy = y + R + r + 4
+    centre = {k: (R * math.sin(math.tau * k / p), cy - R * math.cos(math.tau * k / p))
+              for k in range(p)}
+    for k, (x, yk) in centre.items():
+        c.adder(x, yk, str(k), r)
+    for a, b in sorted(pairs):
+        (xa, ya), (xb, yb) = centre[a], centre[b]
+        d = math.hypot(xb - xa, yb - ya)
+        ux, uy = (xb - xa) / d, (yb - ya) / d
+        c.arrow(xa + ux * (r + 3), ya + uy * (r + 3), xb - ux * (r + 3), yb - uy * (r + 3),
+                edge=f"rank {a} sends to rank {b} (ring_all_reduce_steps)")
+    y = cy + R + r + 24
+    for line in ("circles: the ranks. At every step each rank",
+                 "sends one chunk (outlined below) to the next:",
+                 "reduce-scatter adds it to the receiver's copy,",
+                 "all-gather hands on a finished sum.",
+                 "In a cell: whose gradients it holds; Σ: all."):
+        note(c, 0, y, line, anchor="middle")
+        y += 17
+    return c
+
+
 def ring_steps(p: int = 4) -> Diagram:
-    """A ring all-reduce of p ranks, one panel per step: reduce-scatter, then all-gather.
+    """A ring all-reduce of p ranks: the ring, then one panel per step, reduce-scatter then
+    all-gather.
 
     Each cell is one rank's copy of one chunk, labelled with the ranks whose contributions it
-    holds (read from a run of `ring_all_reduce_steps` in which rank r's gradient is 2^r);
-    the chunks sent at a step are outlined, each to the next rank (the last to rank 0).
+    holds (read from a run of `ring_all_reduce_steps` in which rank r's gradient is 2^r); the
+    chunks sent at a step are outlined, each to the next rank (the last to rank 0). The ring's
+    arrows are the run's sends.
     """
     if not isinstance(p, int) or isinstance(p, bool) or not 2 <= p <= 8:
         raise ValueError(f"p must be an int from 2 to 8 (ranks in the ring), got {p!r}")
@@ -242,8 +273,11 @@ def ring_steps(p: int = 4) -> Diagram:
     labels = [[[_ring_label(float(v.item()), p) for v in row] for row in state.chunks]
               for state in states]
     widest = max(text_width(t, SMALL) for grid in labels for line in grid for t in line)
-    cell_w, cell_h, label_w = max(34.0, widest + 12), 26.0, 52.0
-    panels = []
+    cell_w, cell_h, label_w = max(40.0, widest + 28), 28.0, 52.0
+    pairs = {(src, dst) for state in states for src, dst, _ in state.sends}
+    if pairs != {(r, (r + 1) % p) for r in range(p)}:
+        raise RuntimeError(f"the run sent along {sorted(pairs)}, not around one ring")
+    panels = [_ring(p, pairs)]
     for i, state in enumerate(states):
         title = ("start: each its own" if state.phase == "start"
                  else f"{state.phase} {state.step + 1}")
@@ -259,67 +293,126 @@ def ring_steps(p: int = 4) -> Diagram:
                 label = labels[i][r][k]
                 full = label == "Σ"
                 cx, cy = label_w + k * cell_w, y + r * cell_h
-                c.box(cx + 1, cy + 1, cell_w - 2, cell_h - 2, "attn" if full else "data",
+                c.box(cx + 4, cy + 3, cell_w - 8, cell_h - 6, "attn" if full else "data",
                       dashed=False, radius=2)
-                c.text(cx + cell_w / 2, cy + cell_h / 2 + 5, label, SMALL, bold=full,
+                c.text(cx + cell_w / 2, cy + cell_h / 2 + 4.5, label, SMALL, bold=full,
                        key=f"{r}.{k}")
-                if (r, k) in sent:
-                    c.box(cx - 1.5, cy - 1.5, cell_w + 3, cell_h + 3, "head", dashed=True,
+                if (r, k) in sent:  # inside its own cell: the outline touches no neighbour
+                    c.box(cx + 1, cy + 0.5, cell_w - 2, cell_h - 1, "head", dashed=True,
                           radius=3)
-        y += p * cell_h + 18
-        if state.sends:
-            moves = ", ".join(f"{s}→{d}" for s, d, _ in state.sends)
-            note(c, label_w + p * cell_w / 2, y, f"outlined: sent {moves}", anchor="middle")
-        else:
-            note(c, label_w + p * cell_w / 2, y, "digits: whose gradients a cell holds",
-                 anchor="middle")
         panels.append(c)
-    prefixes = [f"{i}." for i in range(len(panels))]
+    prefixes = ["ring."] + [f"{i}." for i in range(len(states))]
     return Diagram(hstack(f"Ring all-reduce of {p} ranks", panels, 24, prefixes), panels)
+
+
+def _traced_data_parallel(batch: tuple[Tensor, Tensor], world_size: int) -> Recorder:
+    """One data-parallel step played in one process and recorded: `shard_batch`, each rank's
+    `lm_loss` and gradients, `ring_all_reduce` of them, the mean, and a step with it. The step's
+    structure does not depend on the model, so a small GPT (`GPTConfig.tiny()`, random
+    weights) plays it: the drawn model may live on the meta device."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.tiny())
+        params = [q for q in model.parameters() if q.requires_grad]
+        x, y = (t.detach().to("cpu").long() % model.config.vocab_size for t in batch)
+        with Recorder() as rec:
+            rec.name(x, "batch")
+            rec.name(y, "targets")
+            flats = []
+            for r in range(world_size):
+                xs, ys = shard_batch((x, y), r, world_size)
+                rec.name(xs, f"shard{r}")
+                loss = lm_loss(model, (xs, ys))
+                rec.name(loss, f"loss{r}")
+                grads = list(torch.autograd.grad(loss, params))  # autograd: outside Python
+                rec.name_all(grads, f"grad{r}", sources=(f"loss{r}",))
+                flats.append(torch.cat([g.reshape(-1) for g in grads]))
+            sums, _ = ring_all_reduce(flats)
+            mean = sums[0] / world_size  # every rank holds the same sum
+            rec.name(mean, "mean")
+            with torch.no_grad():
+                stepped = [q - 0.1 * g.view_as(q)
+                           for q, g in zip(params, mean.split([q.numel() for q in params]),
+                                           strict=True)]
+            rec.name_all(stepped, "step")
+    return rec
 
 
 def data_parallel(model: nn.Module, batch: tuple[Tensor, Tensor], world_size: int) -> Diagram:
     """p replicas of `model`, each on its shard of the global batch (`shard_batch`), their
-    gradients averaged by an all-reduce, and the same step everywhere."""
+    gradients averaged by an all-reduce, and the same step everywhere. The arrows are those of
+    one such step played and recorded in one process."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(world_size, int) or not 2 <= world_size <= 4:
         raise ValueError(f"world_size must be an int from 2 to 4 (ranks drawn), got "
                          f"{world_size!r}")
     shards = [shard_batch(batch, r, world_size) for r in range(world_size)]  # checks sizes
+    rec = _traced_data_parallel(batch, world_size)
     n_params = sum(p.numel() for p in model.parameters())
     c = Canvas("Data parallelism")
     y = heading(c, f"Data parallelism: {world_size} replicas", 0, 0, "middle")
-    top = draw(c, Node("global batch", tuple(batch[0].shape), ("B", "T"), key="global"), 0, y)
+    top = draw(c, Node("global batch", tuple(batch[0].shape), ("B", "T"), key="global",
+                       flow="batch"), 0, y)
     y = top.bottom + GAP + 6
     columns = []
     for r, (xs, _) in enumerate(shards):
-        columns.append([Node(f"rank {r}: rows", tuple(xs.shape), ("B/p", "T"), key=f"shard{r}"),
-                        Node("replica", (n_params,), ("N",), "attn", f"replica{r}",
-                             note="the same weights"),
-                        Node("gradient g_r", (n_params,), ("N",), "ffn", f"grad{r}")])
+        columns.append([Node(f"rank {r}: rows", tuple(xs.shape), ("B/p", "T"), key=f"shard{r}",
+                             flow=f"shard{r}", stack=True),
+                        Node("replica: loss", note="the same weights", kind="attn",
+                             key=f"replica{r}", flow=f"loss{r}"),
+                        Node(f"gradient g_{{{r}}}", (n_params,), ("N",), "ffn", f"grad{r}",
+                             flow=f"grad{r}", stack=True)])
     width = max(n.width for col in columns for n in col)
-    xs_ = [(r - (world_size - 1) / 2) * (width + 16) for r in range(world_size)]
+    xs_ = [(r - (world_size - 1) / 2) * (width + 12) for r in range(world_size)]
     bottoms = []
     for xc, col in zip(xs_, columns, strict=True):
-        c.line([(0, top.bottom), (0, top.bottom + 10), (xc, top.bottom + 10), (xc, y)])
-        rects = column(c, col, xc, y, gap=18, same_width=True)
-        for rect in rects:
-            del rect
-        bottoms.append(rects[-1])
+        c.line([(0, top.bottom), (0, top.bottom + 10), (xc, top.bottom + 10), (xc, y)],
+               edge=("batch", col[0].flow))
+        bottoms.append(column(c, col, xc, y, gap=18, same_width=True)[-1])
     y = max(b.bottom for b in bottoms) + GAP
-    title = f"all-reduce: every rank gets the mean of the {world_size} gradients"
-    span = max(xs_[-1] - xs_[0] + width, text_width(title, FONT) + 24)
-    c.box(-span / 2, y, span, 40, "stream")
-    c.text(0, y + 17, title, FONT, bold=True)
-    note(c, 0, y + 33, "a ring: each rank sends 2 (p − 1) / p of its gradient", anchor="middle")
-    for b in bottoms:
-        c.arrow(b.cx, b.bottom, b.cx, y)
-    y += 40 + GAP
-    c.arrow(0, y - GAP, 0, y)
+    lines = ["all-reduce: every rank gets", f"the mean of the {world_size} gradients"]
+    span = max(xs_[-1] - xs_[0] + width, text_width(lines[1], FONT) + 24)
+    c.box(-span / 2, y, span, 58, "stream")
+    c.text(0, y + 18, lines, FONT, bold=True)
+    note(c, 0, y + 51, "a ring: each rank sends 2 (p − 1) / p of it", anchor="middle")
+    for b, col in zip(bottoms, columns, strict=True):
+        c.arrow(b.cx, b.bottom, b.cx, y, edge=(col[-1].flow, "mean"))
+    y += 58 + GAP
+    c.arrow(0, y - GAP, 0, y, edge=("mean", "step"))
     draw(c, Node("the same optimiser step on every rank", kind="plain",
-                 note="the replicas stay identical"), 0, y)
+                 note="the replicas stay identical", flow="step", wrap=200), 0, y)
+    c.check_wiring(rec.flow)
     return Diagram(c)
+
+
+def _traced_tensor_parallel(ff: nn.Module, ranks: int) -> tuple[Recorder, float]:
+    """A feed-forward network split over `ranks` as tensor parallelism splits it, played and
+    recorded on a small real one with `ff`'s activation: rank r's rows of W_1 (its hidden
+    units), its columns of W_2 (a partial output), the partial outputs summed. Returns the
+    recording and the largest difference between the sum and the whole FFN's output."""
+    from tfbook.feedforward import FeedForward
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        act = getattr(getattr(ff, "act", None), "__name__", "gelu")
+        small = FeedForward(8, 4 * ranks, act if act in ("relu", "gelu", "silu") else "gelu")
+        x = torch.randn(2, 3, 8)
+        with torch.no_grad(), Recorder() as rec:
+            rec.name(x, "x")
+            part = small.fc_in.out_features // ranks
+            partials = []
+            for r in range(ranks):
+                rows = slice(r * part, (r + 1) * part)
+                h = small.act(F.linear(x, small.fc_in.weight[rows], small.fc_in.bias[rows]))
+                rec.name(h, f"w1.{r}")
+                out = F.linear(h, small.fc_out.weight[:, rows])
+                rec.name(out, f"w2.{r}")
+                partials.append(out)
+            total = torch.stack(partials).sum(0) + small.fc_out.bias  # the all-reduce's sum
+            rec.name(total, "sum")
+            difference = (total - small(x)).abs().max().item()
+    return rec, difference
 
 
 def _pipeline_schedule(stages: int, micro: int) -> list[list[str]]:
@@ -356,43 +449,51 @@ def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> 
         raise ValueError(f"F = {w1[0]} hidden units do not split over {ranks} ranks")
     part = w1[0] // ranks
     # tensor parallelism
+    rec, difference = _traced_tensor_parallel(ff, ranks)
+    if difference > 1e-5:
+        raise RuntimeError(f"the partial outputs sum to the FFN's output only within "
+                           f"{difference:.2g}")
     t = Canvas("Tensor parallelism")
     y = heading(t, "Tensor parallelism: one FFN split", 0, 0, "middle")
-    top = draw(t, Node("x, the same on every rank", None, kind="data", note="(B, T, C)"), 0, y)
+    top = draw(t, Node("x, the same on every rank", None, kind="data", note="(B, T, C)",
+                       flow="x"), 0, y)
     y = top.bottom + GAP
-    nodes = [[Node(f"rank {r}: fc_in rows", (part, w1[1]), ("F/p", "C"), "ffn", f"w1.{r}",
-                   note=f"W_1's columns: units {r * part}–{(r + 1) * part - 1}"),
-              Node(f"rank {r}: fc_out columns", (w2[0], part), ("C", "F/p"), "ffn", f"w2.{r}",
-                   note="W_2's rows: a partial output")] for r in range(ranks)]
+    nodes = [[Node("W_{1} rows", (part, w1[1]), ("F/p", "C"), "ffn", f"w1.{r}",
+                   note=f"rank {r}: units\n{r * part}–{(r + 1) * part - 1}", flow=f"w1.{r}",
+                   stack=True),
+              Node("W_{2} columns", (w2[0], part), ("C", "F/p"), "ffn", f"w2.{r}",
+                   note=f"rank {r}: a partial\noutput", flow=f"w2.{r}", stack=True)]
+             for r in range(ranks)]
     width = max(n.width for col in nodes for n in col)
-    xs = [(r - (ranks - 1) / 2) * (width + 14) for r in range(ranks)]
+    xs = [(r - (ranks - 1) / 2) * (width + 12) for r in range(ranks)]
     ends = []
     for xc, col in zip(xs, nodes, strict=True):
-        t.line([(0, top.bottom), (0, top.bottom + 10), (xc, top.bottom + 10), (xc, y)])
+        t.line([(0, top.bottom), (0, top.bottom + 10), (xc, top.bottom + 10), (xc, y)],
+               edge=("x", col[0].flow))
         ends.append(column(t, col, xc, y, gap=18, same_width=True)[-1])
     y = max(e.bottom for e in ends) + GAP
-    for e in ends:
-        t.arrow(e.cx, e.bottom, e.cx, y)
-    span = max(xs[-1] - xs[0] + width, text_width("all-reduce: sum the partial outputs", FONT) + 24)
-    t.box(-span / 2, y, span, 30, "stream")
-    t.text(0, y + 20, "all-reduce: sum the partial outputs", FONT, bold=True)
-    note(t, 0, y + 50, f"fc_in.weight {w1} split by rows, fc_out.weight {w2} by columns",
-         anchor="middle", key="ffn_weights", shape=w1 + w2)
+    for e, col in zip(ends, nodes, strict=True):
+        t.arrow(e.cx, e.bottom, e.cx, y, edge=(col[-1].flow, "sum"))
+    lines = ["all-reduce: sum the", "partial outputs"]
+    span = max(xs[-1] - xs[0] + width, text_width(lines[0], FONT) + 24)
+    t.box(-span / 2, y, span, 48, "stream")
+    t.text(0, y + 20, lines, FONT, bold=True)
+    t.nodes.append("sum")
+    note(t, 0, y + 68, f"fc_in.weight {w1} split by rows,", anchor="middle",
+         key="ffn_weights", shape=w1 + w2)
+    note(t, 0, y + 86, f"fc_out.weight {w2} by columns", anchor="middle")
+    t.check_wiring(rec.flow)
     # pipeline parallelism
     n = len(blocks)
     bounds = [round(s * n / ranks) for s in range(ranks + 1)]
     grid = _pipeline_schedule(ranks, micro_batches)
     p = Canvas("Pipeline parallelism")
-    cell = 30.0
-    label_w = max(text_width(f"stage {s}: blocks {bounds[s]}–{bounds[s + 1] - 1}", SMALL)
-                  for s in range(ranks)) + 10
-    y = heading(p, "Pipeline parallelism (GPipe)", label_w + len(grid[0]) * cell / 2, 0,
-                "middle")
+    cell = max(24.0, min(30.0, 280.0 / len(grid[0])))
+    label_w = text_width(f"stage {ranks - 1}", SMALL) + 10
+    width = len(grid[0]) * cell
+    y = heading(p, "Pipeline parallelism (GPipe)", label_w + width / 2, 0, "middle")
     for s, line in enumerate(grid):
-        first, last = bounds[s], bounds[s + 1] - 1  # blocks counted from 0, as the ranks
-        blocks_text = f"block {first}" if first == last else f"blocks {first}–{last}"
-        p.text(label_w - 8, y + s * cell + cell / 2 + 5, f"stage {s}: {blocks_text}", SMALL,
-               anchor="end", key=f"stage{s}", shape=(first, last))
+        p.text(label_w - 8, y + s * cell + cell / 2 + 5, f"stage {s}", SMALL, anchor="end")
         for k, slot in enumerate(line):
             x = label_w + k * cell
             if slot:
@@ -406,12 +507,18 @@ def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> 
     idle = sum(slot == "" for line in grid for slot in line)
     total = sum(len(line) for line in grid)
     y += ranks * cell + 20
-    p.arrow(label_w, y - 8, label_w + len(grid[0]) * cell, y - 8)
-    note(p, label_w + len(grid[0]) * cell / 2, y + 10, "time →  F: forward, B: backward of "
-         "a micro-batch", anchor="middle")
-    note(p, label_w + len(grid[0]) * cell / 2, y + 28,
-         f"dashed: idle, {idle} of {total} slots (the bubble)", key="bubble",
-         shape=(idle, total), anchor="middle")
+    p.arrow(label_w, y - 8, label_w + width, y - 8, edge="time, not data")
+    note(p, label_w + width / 2, y + 10, "time →  F: forward, B: backward", anchor="middle")
+    note(p, label_w + width / 2, y + 28, "of a micro-batch", anchor="middle")
+    note(p, label_w + width / 2, y + 46, f"dashed: idle, {idle} of {total} slots (the bubble)",
+         key="bubble", shape=(idle, total), anchor="middle")
+    y += 64
+    for s in range(ranks):  # blocks counted from 0, as in the code and the ranks
+        first, last = bounds[s], bounds[s + 1] - 1
+        blocks_text = f"block {first}" if first == last else f"blocks {first}–{last}"
+        note(p, label_w + width / 2, y, f"stage {s}: {blocks_text}", f"stage{s}",
+             (first, last), anchor="middle")
+        y += 18
     return Diagram(hstack("Splitting the model", [t, p], 32, ["tensor.", "pipeline."]), [t, p])
 
 
