@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.diagram_helpers import svg_texts
 from tfbook.diagrams import TileCall, flash_tiles, running_softmax
 from tfbook.flash import flash_attention, online_softmax_steps, tile_map
 
@@ -146,3 +147,10 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError, match="end every `block` entries"):
         running_softmax([steps[0], steps[2]])
     assert math.isfinite(float(steps[-1][1][0]))
+
+
+def test_the_legend_says_the_numbers_are_the_order_of_computation() -> None:
+    d = flash_tiles([TileCall(64, 64, 32, 32), TileCall(32, 64, 32, 32)])
+    texts = svg_texts(d.svg)
+    assert "numbers: the order the kernel computes" in texts
+    assert texts.count("numbers: the order the kernel computes") == 1  # once, in the legend

@@ -33,7 +33,7 @@ MIN_TILE = 26.0  # a tile still holds a two-digit number
 GRID_WIDTH = 296.0  # room for the columns of tiles (the panel fits a phone's 358 px column)
 LEFT = 34.0  # room for the query block names
 MAX_BLOCKS = 11  # more blocks than this per side would not fit GRID_WIDTH at MIN_TILE
-CELL = 36.0  # one cell of the running table
+CELL = 37.5  # one cell of the running table: "-0.53" with room on either side
 MAX_STEPS = 8  # key blocks in the running table (8 cells fit a phone)
 MAX_QUERIES = 4
 KIND = {"full": "attn", "partial": "ffn", "skipped": "mask"}  # the diagrams' tints
@@ -122,6 +122,10 @@ def _tile_panel(call: TileCall, legend: bool) -> Canvas:
                        key=f"tile.{i}.{j}")
     if legend:
         y = top + rows * tile + 16
+        c.text(LEFT, y + 10, "numbers: the order the kernel computes", SMALL, anchor="start")
+        c.text(LEFT, y + 27, "the tiles in (query blocks outside,", SMALL, anchor="start")
+        c.text(LEFT, y + 44, "key blocks inside)", SMALL, anchor="start")
+        y += 58
         for status in ("full", "partial", "skipped"):
             c.box(LEFT, y, 22, 22, KIND[status], dashed=status == "skipped", radius=3)
             c.text(LEFT + 30, y + 16, f"{status}: {MEANING[status]}", SMALL, anchor="start")
@@ -178,7 +182,7 @@ def running_softmax(steps: Sequence[tuple[int, Tensor, Tensor]]) -> Diagram:
     c.text(0, FONT, f"one query block, {len(steps)} key blocks of {block}", FONT, bold=True,
            anchor="start", key="title")
     c.text(0, 2 * FONT + 6, "tinted: m grew, so ℓ was rescaled", SMALL, anchor="start")
-    left, top = 52.0, 2 * FONT + 20
+    left, top = 44.0, 2 * FONT + 20
     for j in range(len(steps)):
         c.text(left + (j + 0.5) * CELL, top + SMALL, f"K{j}", SMALL)
     top += SMALL + 8
