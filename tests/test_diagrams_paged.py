@@ -31,6 +31,8 @@ def test_the_drawing_is_the_allocators_state(seq) -> None:
     table, length, size = alloc.tables[seq], alloc.lengths[seq], alloc.block_size
     assert [labels[f"table.{i}"] for i in range(len(table))] == [str(b) for b in table]
     assert f"table.{len(table)}" not in labels
+    assert [labels[f"logical.{i}"] for i in range(len(table))] == [
+        str(i) for i in range(len(table))]
     for t in range(length):  # each position in its logical block and in the pool row it names
         assert labels[f"pos.{t // size}.{t % size}"] == str(t)
         assert labels[f"pool.{table[t // size]}.{t % size}"] == str(t)

@@ -9,9 +9,9 @@ in order) and the pool, where each row is one block: the sequence's rows show th
 they hold, rows held by other sequences are shaded, free rows are dashed. An arrow goes from
 each table entry to the pool row it names.
 
-Label keys: "title", "pos.i.j" (position in logical block i, offset j), "table.i" (entry i of
-the table), "pool.b.j" (the position pool block b holds at offset j, for this sequence), "row.b"
-(the number of pool block b).
+Label keys: "title", "logical.i" (the number of logical block i), "pos.i.j" (position in
+logical block i, offset j), "table.i" (entry i of the table), "pool.b.j" (the position pool
+block b holds at offset j, for this sequence), "row.b" (the number of pool block b).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def block_table(allocator: BlockAllocator, seq: Hashable) -> Diagram:
 
     for i in range(len(table)):  # the sequence as the model sees it, block after block
         y = row_y(i)
-        c.text(LEFT - 6, y + ROW / 2 + 4.5, f"L{i}", SMALL, anchor="end")
+        c.text(LEFT - 6, y + ROW / 2 + 4.5, str(i), SMALL, anchor="end", key=f"logical.{i}")
         for j in range(size):
             t = i * size + j
             x = LEFT + j * CELL
