@@ -186,6 +186,8 @@ def test_merge_tree_is_the_tokenizers_merges() -> None:
     texts = svg_texts(d.svg)
     for label in d.labels:
         assert label.text in texts
+    # one arrow from each part to the merge that joined it, each said to be the tokenizer's
+    assert d.wired and len(d._other_arrows) == 2 * len(merged)
     # fewer merges: another tree
     fewer = merge_tree(tok.with_merges(3), word)
     assert fewer.svg != d.svg and len(merge_forest(tok.with_merges(3), word)) > len(forest)
@@ -219,3 +221,21 @@ def test_merge_tree_bad_input() -> None:
         merge_tree(tok, "")
     with pytest.raises(ValueError, match="1 to 16 bytes"):
         merge_tree(tok, "ab" * 9)
+
+
+def test_pipelines_line_up_their_stages_and_every_arrow_says_what_it_is() -> None:
+    """Side by side, each stage starts at one height in both pipelines; on a phone they stack,
+    each with its own spacing; every arrow is a stage feeding the next (no arrow unexplained)."""
+    import re
+
+    from tfbook.diagrams.text import pipelines_side_by_side
+    from tfbook.tokenizers import load_gpt2, load_minilm_wordpiece
+
+    d = pipelines_side_by_side([("WordPiece", load_minilm_wordpiece()), ("BPE", load_gpt2())],
+                               "Łódź, naïve café")
+    tops = [[float(y) for y in re.findall(r'<text x="0" y="([\d.]+)" font-size="14" '
+                                          r'text-anchor="start" class="b">(?:text|normalise|'
+                                          r'pre-tokenise|model|post-process|ids)<', svg)]
+            for svg, _ in d._panels]
+    assert len(tops[0]) == len(tops[1]) == 6 and tops[0] == tops[1]
+    assert d.wired and max(d.phone_widths) <= 358

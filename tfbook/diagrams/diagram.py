@@ -31,7 +31,7 @@ class Diagram:
     """
 
     def __init__(self, canvas: Canvas, panels: list[Canvas] | None = None,
-                 narrow: list[Canvas] | None = None) -> None:
+                 narrow: list[Canvas] | None = None, narrow_below: float | None = None) -> None:
         if not isinstance(canvas, Canvas):
             raise TypeError(f"Diagram needs a Canvas, got {type(canvas).__name__}")
         for what, group in (("panels", panels), ("narrow", narrow)):
@@ -45,6 +45,9 @@ class Diagram:
         # when the page is too narrow for all of them side by side
         self._panels = [(p.render(), p.width) for p in panels] if panels else []
         self._wide_min = max(narrowest(p) for p in panels or [canvas])
+        # the narrow layout replaces the wide one below this width: where the wide one would
+        # scroll, or (given) where its panels would no longer stand side by side
+        self._switch = self._wide_min if narrow_below is None else float(narrow_below)
         # the arrows: dependencies (source, result) between traced tensors, each panel's
         # names with its prefix, and whether every arrow was checked against the computation
         self.edges: list[tuple[str, str]] = list(canvas.edges)
@@ -72,7 +75,7 @@ class Diagram:
     def phone_widths(self) -> list[float]:
         """The least widths (CSS px) of the drawings a phone's column shows: the narrow
         layout's if there is one and the wide one does not fit, else the wide one's panels."""
-        if self._narrow and self._wide_min > PHONE_COLUMN:
+        if self._narrow and self._switch > PHONE_COLUMN:
             return list(self.narrow_widths)
         return [self._wide_min]
 
@@ -94,7 +97,7 @@ class Diagram:
         # the narrow layout replaces the wide one when the box is narrower than the wide one
         # can be drawn (a container query on the box: no script, any number per page)
         tag = "tfd-" + hashlib.sha1((self.svg + "".join(self._narrow)).encode()).hexdigest()[:10]
-        below = f"{self._wide_min - 0.5:.1f}".rstrip("0").rstrip(".")
+        below = f"{self._switch - 0.5:.1f}".rstrip("0").rstrip(".")
         style = (f".{tag}>.tfd-narrow{{display:none}}"
                  f"@container (max-width:{below}px){{.{tag}>.tfd-wide{{display:none}}"
                  f".{tag}>.tfd-narrow{{display:flex}}}}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tfbook.diagrams._shared import CHIP_H, chips, heading, note, visible
 from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.layout import hstack
-from tfbook.diagrams.svg import FONT, SMALL, Canvas, text_width
+from tfbook.diagrams.svg import FONT, PAD, SMALL, Canvas, text_width
 from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import bert_normalize, bert_pretokenize, regex_split
 from tfbook.tokenizers.wordpiece import WordPieceTokenizer
@@ -109,30 +109,37 @@ def wrap(text: str, per_line: int) -> list[str]:
     return lines + [text] if text else lines
 
 
-def _pipeline_canvas(stages: list[Stage], title: str, width: float) -> Canvas:
+def _pipeline_canvas(stages: list[Stage], title: str, width: float,
+                     pitch: list[float] | None = None) -> tuple[Canvas, list[float]]:
+    """The stages one under the other; -> the drawing and the height each stage took. With
+    `pitch`, stage k starts pitch[k] below stage k - 1 (to line up with another pipeline)."""
     c = Canvas(title)
     y = heading(c, title, 0, 0)
+    heights = []
+    end = y
     for k, stage in enumerate(stages):
-        if k:
-            c.arrow(10, y - 14, 10, y)
+        start = y
+        if k:  # from under the last stage's output (however far the alignment put this one)
+            c.arrow(10, end - 14, 10, y, edge="the next stage runs on this one's output")
         c.text(0, y + FONT, stage.name, FONT, bold=True, anchor="start", key=f"{stage.name}")
         x_note = text_width(stage.name, FONT) + 12
         if x_note + text_width(stage.note, SMALL) > width:  # no room beside: the next line
             x_note, y = 0, y + FONT + 4
         note(c, x_note, y + FONT, stage.note)
         y += FONT + 8
-        if not stage.pieces:  # nothing new at this stage
-            y += 10
-            continue
-        if stage.name in ("text", "normalise"):  # one string, cut into lines that fit
+        if not stage.pieces:  # nothing new at this stage: room for the arrow under it
+            y += 22
+        elif stage.name in ("text", "normalise"):  # one string, cut into lines that fit
             per_line = max(8, int((width - 12) / text_width("x", SMALL, mono=True)))
-            string = visible_text(stage.pieces[0])
-            lines = wrap(string, per_line)
-            rect = chips(c, 0, y, lines, width, stage.kind, key=stage.name)
+            lines = wrap(visible_text(stage.pieces[0]), per_line)
+            y = chips(c, 0, y, lines, width, stage.kind, key=stage.name).bottom + 22
         else:
-            rect = chips(c, 0, y, list(stage.pieces), width, stage.kind, key=stage.name)
-        y = rect.bottom + 22
-    return c
+            y = chips(c, 0, y, list(stage.pieces), width, stage.kind, key=stage.name).bottom + 22
+        heights.append(y - start)
+        end = y
+        if pitch is not None:
+            y = start + pitch[k]
+    return c, heights
 
 
 def tokenizer_pipeline(tokenizer: WordPieceTokenizer | BPETokenizer, text: str,
@@ -142,7 +149,7 @@ def tokenizer_pipeline(tokenizer: WordPieceTokenizer | BPETokenizer, text: str,
         raise ValueError(f"width must be a number in [160, 1200] (SVG units), got {width!r}")
     kind = "WordPiece" if isinstance(tokenizer, WordPieceTokenizer) else "byte-level BPE"
     title = title or f"{kind}: text to ids"
-    return Diagram(_pipeline_canvas(pipeline_stages(tokenizer, text), title, width))
+    return Diagram(_pipeline_canvas(pipeline_stages(tokenizer, text), title, width)[0])
 
 
 def pipelines_side_by_side(tokenizers: list[tuple[str, WordPieceTokenizer | BPETokenizer]],
@@ -153,10 +160,17 @@ def pipelines_side_by_side(tokenizers: list[tuple[str, WordPieceTokenizer | BPET
         raise TypeError("tokenizers must be a non-empty list of (heading, tokenizer) pairs")
     if not (isinstance(width, int | float) and 160 <= width <= 1200):
         raise ValueError(f"width must be a number in [160, 1200] (SVG units), got {width!r}")
-    panels = [_pipeline_canvas(pipeline_stages(tok, text), name, width)
-              for name, tok in tokenizers]
+    staged = [(pipeline_stages(tok, text), name) for name, tok in tokenizers]
+    # side by side, each stage starts at one height in every pipeline (compare across);
+    # on a phone the pipelines stack and each keeps its own spacing
+    heights = [_pipeline_canvas(stages, name, width)[1] for stages, name in staged]
+    pitch = [max(h) for h in zip(*heights, strict=True)]
+    panels = [_pipeline_canvas(stages, name, width, pitch)[0] for stages, name in staged]
+    narrow = [_pipeline_canvas(stages, name, width)[0] for stages, name in staged]
     prefixes = [f"{i}." for i in range(len(panels))]
-    return Diagram(hstack("Tokenizer pipelines", panels, 28, prefixes), panels)
+    side_by_side = sum(p.width + 2 * PAD for p in panels) + 24 * (len(panels) - 1)  # flex gap
+    return Diagram(hstack("Tokenizer pipelines", panels, 28, prefixes), panels, narrow=narrow,
+                   narrow_below=side_by_side)
 
 
 @dataclass(frozen=True)
@@ -266,7 +280,9 @@ def merge_tree(tokenizer: BPETokenizer, word: str, title: str | None = None) -> 
                 cy = y_of(child, False) - (19 if child.children else 0)  # above its label
                 # each part's arrow ends at its own quarter of the box: two heads never meet
                 end = cx + side * w / 4
-                c.line([(centre[id(child)], cy), (end, y + CHIP_H)], arrow=True, width=1.2)
+                c.line([(centre[id(child)], cy), (end, y + CHIP_H)], arrow=True, width=1.2,
+                       edge=f"tokenizer.merges: token {child.token_id} is a part of merge "
+                            f"{node.token_id}")
 
     for tree in forest:
         place(tree)
