@@ -82,8 +82,11 @@ def _text() -> list[Figure]:
         return pipelines_side_by_side([("BERT's WordPiece (uncased)", load_minilm_wordpiece()),
                                        ("GPT-2's byte-level BPE", gpt2())], stress_lines()[0])
 
-    def tree() -> Diagram:
-        return merge_tree(gpt2(), " encoding")
+    def tree() -> Diagram:  # a small BPE of its own, as the chapter trains one
+        from tfbook.tokenizers.bpe import BPETokenizer
+
+        text = " encoding encoded decoding coding code encode " * 20 + " ending in g"
+        return merge_tree(BPETokenizer.train(text, 290), " encoding")
 
     def lookup() -> Diagram:
         tok = gpt2()
