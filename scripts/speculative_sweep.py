@@ -7,6 +7,8 @@ answered in free English prose (the answer repeats little of the question). Draf
 (bigram, then unigram match) and the model's first k blocks (early exit) for k in EXITS.
 Recorded per run: the draft tokens proposed and accepted by each target pass (integers; the
 tokens themselves are greedy's, so they move only if a top-1 margin is within rounding).
+The prompts and NEW_TOKENS defined here are also the ones bench/bench_speculative.py times
+(it imports them), so the stored speed-ups and these counts belong to the same runs.
 Run: .venv/bin/python scripts/speculative_sweep.py  (about ten minutes on 2 cores)
 """
 
