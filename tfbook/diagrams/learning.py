@@ -100,16 +100,20 @@ def lora_layer(layer: LoRALinear, x: Tensor) -> Diagram:
     h_node = draw(c, Node("output h", out, _lead(out, "C_out"), "stream", "h", flow="output"),
                   0, y)
     x0, y = -wide - 12, h_node.bottom + 22
-    for text, key, shape, mono in (
-            ("A: " + shape_label(("r", "C_in"), A) + ", random at first", "A", A, True),
-            ("x Aᵀ: " + shape_label(_lead(tuple(down.shape), "r"), tuple(down.shape)), "down",
-             tuple(down.shape), True),
-            ("B: " + shape_label(("C_out", "r"), B) + ", zero at first", "B", B, True),
-            ("A and B: LoRA's matrices (this B is not the", "", None, False),
-            ("batch); a token passes through r numbers", "", None, False),
-            (f"trained: {trained:,} numbers = r (C_in + C_out)", "counts", (trained,), False),
-            (f"frozen: {frozen:,} numbers", "", None, False)):
-        note(c, x0, y, text, key, shape, mono=mono)
+    for name, letters, shape, key in (("A", ("r", "C_in"), A, "A"),
+                                      ("x Aᵀ", _lead(tuple(down.shape), "r"), tuple(down.shape),
+                                       "down"),
+                                      ("B", ("C_out", "r"), B, "B")):
+        c.text(x0, y, f"{name}:", SMALL, bold=True, anchor="start")
+        note(c, x0 + 44, y, shape_label(letters, shape), key, shape, mono=True)
+        y += 18
+    for text, key, shape in (
+            ("A starts random, B at zero: at first h = x Wᵀ", "", None),
+            ("A, B: LoRA's matrices (this B is no batch);", "", None),
+            ("a token passes through r numbers", "", None),
+            (f"trained: {trained:,} numbers = r (C_in + C_out)", "counts", (trained,)),
+            (f"frozen: {frozen:,} numbers", "", None)):
+        note(c, x0, y, text, key, shape)
         y += 18
     c.check_wiring(rec.flow, nodes=("down",))
     # the merge, as its own panel
