@@ -66,6 +66,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 ONE_BY_ONE = ("tests/test_browser.py", "tests/test_browser_explorer.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, but the tests of the built pages one by one.
 
