@@ -172,13 +172,17 @@ class _LookupParts:
     def draw_e(self, c: Canvas, x: float, y: float) -> Rect:
         """E's rows that O picks, one per id, in O's column order."""
         self._title(c, x, y, "E: the table", "table")
-        top = y + 40
-        for j, v in enumerate(self.used):
-            ry = top + j * ROW
-            c.swatch(x, ry, self.e_w, ROW, *self.colour(v))
-            c.text(x + self.e_w / 2, ry + ROW / 2 + 4.5, f"row {v}", SMALL, mono=True,
-                   key=f"row.{j}", shape=(v,))
+        self._rows(c, x, y + 40, self.e_w, self.used, "row {}", "row", True)
         return Rect(x, y, self.e_w, 40 + len(self.used) * ROW)
+
+    def _rows(self, c: Canvas, x: float, top: float, w: float, ids: list[int], text: str,
+              key: str, with_id: bool) -> None:
+        """One coloured row per id, labelled text.format(id), keyed key.<index>."""
+        for k, v in enumerate(ids):
+            ry = top + k * ROW
+            c.swatch(x, ry, w, ROW, *self.colour(v))
+            c.text(x + w / 2, ry + ROW / 2 + 4.5, text.format(v), SMALL, mono=True,
+                   key=f"{key}.{k}", shape=(v,) if with_id else None)
 
     def draw_x(self, c: Canvas, x: float, y: float, rows_top: float | None) -> Rect:
         """X's rows, each the row of E its token's id picks (level with O's rows if
@@ -186,11 +190,7 @@ class _LookupParts:
         if rows_top is None:
             self._title(c, x, y, "X = O E", "x")
             rows_top = y + 40
-        for t, v in enumerate(self.ids):
-            ry = rows_top + t * ROW
-            c.swatch(x, ry, self.x_w, ROW, *self.colour(v))
-            c.text(x + self.x_w / 2, ry + ROW / 2 + 4.5, f"E[{v}]", SMALL, mono=True,
-                   key=f"x.{t}")
+        self._rows(c, x, rows_top, self.x_w, self.ids, "E[{}]", "x", False)
         if rows_top != y + 40:  # beside O: the title sits over the rows
             self._title(c, x, rows_top - 40, "X = O E", "x")
         return Rect(x, y, self.x_w, rows_top + len(self.ids) * ROW - y)
