@@ -20,15 +20,23 @@ How to draw a diagram (the API later chapters use):
   `text.tokenizer_pipeline`, `text.pipelines_side_by_side`, `text.pipeline_stages`,
   `text.merge_tree(bpe_tokenizer, word)`; `inputs.embedding_lookup(embedding, idx, tokens)`,
   `inputs.bert_input(bert, ids, token_type_ids, tokens)`;
-  `positions.rope_planes`, `positions.rope_angles_drawn`; `generation.kv_cache`,
-  `generation.trace_cache`; `learning.lora_layer`, `learning.training_loop`,
+  `positions.rope_planes`, `positions.rope_angles_drawn`, `positions.rope_relative`;
+  `generation.kv_cache`, `generation.trace_cache`; `learning.lora_layer`, `learning.training_loop`,
   `learning.ring_steps`, `learning.data_parallel`, `learning.model_parallel`;
   `backward.attention_backward_graph(backward.trace_attention_backward(q, k, v))`;
   Part VI: `flash.flash_tiles([flash.TileCall(T, S, block_q, block_k, causal, computed)])`,
   `flash.running_softmax(list(online_softmax_steps(scores, block)))`.
 - A `Diagram` has `.svg` (the SVG string), `.labels` (every text, as `Label(text, key,
-  shape)`), `.shape_labels` ({key: text} of the traced shapes); it displays as inline SVG
-  whose text and lines take the page's colour (`currentColor`), so it follows a dark theme.
+  shape)`), `.shape_labels` ({key: text} of the traced shapes), `.edges` (its arrows, as
+  dependencies between traced tensors) and `.wired` (every arrow checked or explained); it
+  displays as inline SVG whose text and lines take the page's colour (`currentColor`), so it
+  follows a dark theme. A figure too wide for a phone's 358 px column brings a narrow layout
+  of its own (`Diagram(..., narrow=[...])`), shown by a CSS container query instead.
+- Arrows are held against the computation: `trace` also records a `Dataflow` (which named
+  tensor was computed from which, `tfbook.diagrams.dataflow`), every figure draws its arrows
+  with `edge=(source, result)` and checks them with `check_edges` when it is drawn, so a
+  wrongly wired figure (V into the softmax, queries making keys) is refused. Arrows that are
+  no data dependency (a time axis, a loop back) say so: `edge="why"`.
 - A new figure uses the same vocabulary: `Canvas` (box, text, line/arrow, adder, bus for
   the residual stream, grid for a tensor, swatch for a head), `Node` and the layout
   functions `column`, `row`, `draw`, `hstack`, which compute every coordinate from the
@@ -37,6 +45,7 @@ How to draw a diagram (the API later chapters use):
 """
 
 from tfbook.diagrams.backward import attention_backward_graph, trace_attention_backward
+from tfbook.diagrams.dataflow import Dataflow, Recorder, check_edges, dataflow
 from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.figures import (
     attention_path,
@@ -63,7 +72,7 @@ from tfbook.diagrams.learning import (
     ring_steps,
     training_loop,
 )
-from tfbook.diagrams.positions import rope_angles_drawn, rope_planes
+from tfbook.diagrams.positions import rope_angles_drawn, rope_planes, rope_relative
 from tfbook.diagrams.svg import Canvas, Label, escape
 from tfbook.diagrams.text import (
     merge_tree,
@@ -82,5 +91,6 @@ __all__ = [
     "training_loop", "rope_angles_drawn", "rope_planes", "pipeline_stages",
     "pipelines_side_by_side", "tokenizer_pipeline", "attention_backward_graph",
     "trace_attention_backward", "bert_input", "embedding_lookup", "merge_tree",
-    "TileCall", "flash_tiles", "running_softmax",
+    "TileCall", "flash_tiles", "running_softmax", "Dataflow", "Recorder", "check_edges",
+    "dataflow", "rope_relative",
 ]
