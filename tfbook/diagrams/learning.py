@@ -436,7 +436,7 @@ def _pipeline_schedule(stages: int, micro: int) -> list[list[str]]:
 
 
 def model_parallel(model: nn.Module, ranks: int = 2, micro_batches: int = 4) -> Diagram:
-    """Two sketches on a real GPT: tensor parallelism (the feed-forward matrices of block 1
+    """Two sketches on a real GPT: tensor parallelism (the feed-forward matrices of block 0
     split over `ranks`) and pipeline parallelism (its blocks in `ranks` stages, GPipe's
     schedule of `micro_batches` micro-batches with its idle bubble)."""
     blocks = getattr(model, "blocks", None)
