@@ -397,7 +397,9 @@ def test_head_split_on_smollm2_shapes_joins_each_query_head_to_its_kv_head() -> 
                                             f"{H // H_kv} query heads")
     assert numbers(d.shape_labels["k"])[1] == H_kv and numbers(d.shape_labels["q"])[1] == H
     texts = svg_texts(d)
-    assert [t for t in texts if t.startswith("K, V ")] == [f"K, V {g + 1}" for g in range(H_kv)]
+    # heads counted from 0, as blocks are (and as the model explorer counts them)
+    assert [t for t in texts if t.startswith("K, V ")] == [f"K, V {g}" for g in range(H_kv)]
+    assert [t for t in texts if t.isdigit()][:H] == [str(h) for h in range(H)]
     # one dashed line from each query head down to the key/value head it reads
     dashed = [el for el in ET.fromstring(d.svg).iter(f"{SVG}polyline")
               if "dash" in el.get("class", "")]

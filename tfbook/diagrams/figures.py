@@ -167,7 +167,7 @@ def _bands(c: Canvas, cx: float, y: float, n: int, band: float, h: float,
     for i in range(n):
         c.swatch(x + i * band, y, band, h, *_head_colour(i, i // n_rep, i % n_rep))
         if band >= 18:
-            c.text(x + (i + 0.5) * band, y + h / 2 + 5, str(i + 1), SMALL)
+            c.text(x + (i + 0.5) * band, y + h / 2 + 5, str(i), SMALL)
     return Rect(x, y, n * band, h)
 
 
@@ -179,7 +179,7 @@ def _heads_row(c: Canvas, cx: float, y: float, n: int, w: float, h: float, gap: 
         x = cx - total / 2 + i * (w + gap)
         c.swatch(x, y, w, h, *_head_colour(i, i // n_rep, i % n_rep))
         if w >= 18:
-            c.text(x + w / 2, y + h / 2 + 5, str(i + 1), SMALL)
+            c.text(x + w / 2, y + h / 2 + 5, str(i), SMALL)
         rects.append(Rect(x, y, w, h))
     return rects
 
@@ -190,7 +190,8 @@ def head_split(tr: Trace, name: str) -> Diagram:
     The columns of Q are cut into H slices of D, one per head; with grouped key/value heads
     each K, V head is drawn under the query heads that share it, all of a group in shades of
     its colour. Captions sit above the rows and the arrows run down their left side, so the
-    drawing is as narrow as its heads (a phone's column holds SmolLM2's nine).
+    drawing is as narrow as its heads (a phone's column holds SmolLM2's nine). Heads are
+    numbered from 0, as blocks are (and as the model explorer numbers them).
     """
     tr = _check_trace(tr)
     at = tr.attention(name)
@@ -233,7 +234,7 @@ def head_split(tr: Trace, name: str) -> Diagram:
         group = heads[g * n_rep:(g + 1) * n_rep]
         x0, x1 = group[0].x, group[-1].right
         c.swatch(x0, y, x1 - x0, 26, g, 0.55)
-        label = f"K, V {g + 1}" if x1 - x0 >= 50 else f"{g + 1}"
+        label = f"K, V {g}" if x1 - x0 >= 50 else f"{g}"
         c.text((x0 + x1) / 2, y + 18, label, SMALL)
         for member in group:  # the query heads that read this key/value head
             c.line([(member.cx, member.bottom), (member.cx, y)], arrow=False, dashed=True)

@@ -237,7 +237,7 @@ def _heads_canvas(at: AttentionShapes) -> Canvas:
     for i in range(H):
         x = -total / 2 + i * (w + gap)
         c.swatch(x, y, w, 30, i // (H // H_kv))
-        c.text(x + w / 2, y + 20, f"q{i + 1}", SMALL)
+        c.text(x + w / 2, y + 20, f"q{i}", SMALL)
         q_rects.append(Rect(x, y, w, 30))
     y += 64
     n_rep = H // H_kv
@@ -245,7 +245,7 @@ def _heads_canvas(at: AttentionShapes) -> Canvas:
         group = q_rects[g * n_rep:(g + 1) * n_rep]
         x0, x1 = group[0].x, group[-1].right
         c.swatch(x0, y, x1 - x0, 30, g)
-        c.text((x0 + x1) / 2, y + 20, f"K, V {g + 1}" if x1 - x0 >= 50 else f"{g + 1}", SMALL)
+        c.text((x0 + x1) / 2, y + 20, f"K, V {g}" if x1 - x0 >= 50 else f"{g}", SMALL)
         for r in group:
             c.line([(r.cx, r.bottom), (r.cx, y)], arrow=False, dashed=True)
     note(c, 0, y + 48, f"H_kv = {H_kv} stored heads, each read by {n_rep} quer"
