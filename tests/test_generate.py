@@ -334,3 +334,13 @@ def test_a_sampler_hook_replaces_the_sampling_settings(model):
 def test_bad_samplers_are_refused(model, sampler, kwargs, error, match):
     with pytest.raises(error, match=match):
         generate(model, [[1, 2, 3], [4, 5]], 3, sampler=sampler, **kwargs)
+
+
+def test_a_request_longer_than_the_context_is_counted_in_words() -> None:
+    from tfbook.generate.search import check_request
+
+    with pytest.raises(ValueError, match="a prompt of 1 token plus max_new_tokens=8 needs 9 "
+                                         "positions, more than the model's context length 4"):
+        check_request(1, 8, 4, [], 10)
+    with pytest.raises(ValueError, match="a prompt of 2 tokens plus max_new_tokens=3 needs 5"):
+        check_request(2, 3, 4, [], 10)

@@ -251,8 +251,8 @@ def check_request(
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if T + max_new_tokens > max_len:
         raise ValueError(
-            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} needs "
-            f"{T + max_new_tokens} positions, more than the model's context length {max_len}"
+            f"a prompt of {T} token{'' if T == 1 else 's'} plus max_new_tokens={max_new_tokens} "
+            f"needs {T + max_new_tokens} positions, more than the model's context length {max_len}"
         )
     for end in end_ids:
         if isinstance(end, bool) or not isinstance(end, int) or not 0 <= end < vocab_size:
