@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from tfbook.cache import LayerCache
 from tfbook.config import check_choice, check_positive, check_probability, is_number
+from tfbook.hooks import HookPoint
 from tfbook.masks import causal_mask, check_mask, combine_masks
 from tfbook.rope import (
     CONVENTIONS,
@@ -207,6 +208,11 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
         self.packed_qkv = None  # W_Q, W_K, W_V as one matrix: tfbook.packing (for decoding)
+        # hook points (tfbook.hooks): q (B, H, T, D), k and v (B, H_kv, T, D) as projected,
+        # before RoPE; weights (B, H, T, S); heads (B, H, T, D), each head's mix of values
+        # before W_O; out (B, T, C), what the sub-layer adds to the residual stream
+        self.q, self.k, self.v = HookPoint(), HookPoint(), HookPoint()
+        self.weights, self.heads, self.out = HookPoint(), HookPoint(), HookPoint()
 
     def split_heads(self, x: Tensor, n_heads: int | None = None) -> Tensor:
         """(B, T, n_heads * D) -> (B, n_heads, T, D): each head gets its own D-wide slice."""
@@ -274,10 +280,10 @@ class MultiHeadAttention(nn.Module):
         else:
             q = self.q_proj(x)
             k, v = (self.k_proj(x), self.v_proj(x)) if source is None else (None, None)
-        q = self.split_heads(q)  # (B, H, T, D)
+        q = self.q(self.split_heads(q))  # (B, H, T, D)
         if source is None:  # self-attention: this step's keys and values, then the cache's
-            k = self.split_heads(k, self.n_kv_heads)  # (B, H_kv, T, D)
-            v = self.split_heads(v, self.n_kv_heads)  # (B, H_kv, T, D)
+            k = self.k(self.split_heads(k, self.n_kv_heads))  # (B, H_kv, T, D)
+            v = self.v(self.split_heads(v, self.n_kv_heads))  # (B, H_kv, T, D)
             if self.rope_base is not None:
                 if rope_table is None:  # standalone: build the table for these positions
                     if positions is None:
@@ -299,12 +305,19 @@ class MultiHeadAttention(nn.Module):
                     f"expected source of shape ({B}, S, {C}) for x of shape {tuple(x.shape)}, "
                     f"got {tuple(source.shape)}"
                 )
-            k = self.split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, S, D)
-            v = self.split_heads(self.v_proj(source), self.n_kv_heads)  # (B, H_kv, S, D)
+            k = self.k(self.split_heads(self.k_proj(source), self.n_kv_heads))  # (B,H_kv,S,D)
+            v = self.v(self.split_heads(self.v_proj(source), self.n_kv_heads))  # (B,H_kv,S,D)
             if cache is not None:
                 cache.cross = (k, v)
         p = self.dropout if self.training else 0.0
-        y, weights = attend(q, k, v, mask, causal, p, need_weights, self.attention)
+        if self.weights.watched:  # a hook reads or replaces the weights: form them
+            y, weights = attend(q, k, v, mask, causal, p, True, "reference")
+            hooked = self.weights(weights)  # (B, H, T, S)
+            if hooked is not weights:  # replaced: mix the values with the new weights
+                weights = hooked
+                y = F.dropout(weights, p) @ repeat_kv(v, self.n_heads // v.size(1))
+        else:
+            y, weights = attend(q, k, v, mask, causal, p, need_weights, self.attention)
         # y (B, H, T, D); weights (B, H, T, S) or None
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, H, D) -> (B, T, C): concat
-        return self.out_proj(y), weights
+        y = self.heads(y).transpose(1, 2).reshape(B, T, C)  # (B, T, H, D) -> (B, T, C): concat
+        return self.out(self.out_proj(y)), weights

@@ -34,6 +34,7 @@ from tfbook.attention import MultiHeadAttention, check_attention_settings
 from tfbook.cache import LayerCache
 from tfbook.config import check_bool, check_choice, check_positive, is_number
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
+from tfbook.hooks import HookPoint
 from tfbook.normalization import NORMS, make_norm
 
 
@@ -142,6 +143,9 @@ class SelfAttentionBlock(nn.Module):
         self.ff = config.make_feed_forward()
         self.norm2 = config.make_norm()
         self.dropout = nn.Dropout(config.dropout)  # on each sub-layer's output (stateless)
+        # the residual stream (B, T, C) entering the block, between its two sub-layers and
+        # leaving it (hook points, tfbook.hooks)
+        self.residual_pre, self.residual_mid, self.residual_post = (HookPoint() for _ in "abc")
 
     def forward(
         self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
@@ -160,9 +164,11 @@ class SelfAttentionBlock(nn.Module):
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
 
-        x, weights = residual(x, self_attention, self.norm1, self.dropout, self.norm_first)
-        x, _ = residual(x, feed_forward, self.norm2, self.dropout, self.norm_first)
-        return x, weights
+        x, weights = residual(self.residual_pre(x), self_attention, self.norm1, self.dropout,
+                              self.norm_first)
+        x, _ = residual(self.residual_mid(x), feed_forward, self.norm2, self.dropout,
+                        self.norm_first)
+        return self.residual_post(x), weights
 
 
 class CrossAttentionBlock(nn.Module):
@@ -178,6 +184,10 @@ class CrossAttentionBlock(nn.Module):
         self.ff = config.make_feed_forward()
         self.norm3 = config.make_norm()
         self.dropout = nn.Dropout(config.dropout)  # on each sub-layer's output (stateless)
+        # the residual stream (B, T, C) entering, after self-attention, after cross-attention
+        # and leaving the block (hook points, tfbook.hooks)
+        self.residual_pre, self.residual_mid, self.residual_cross, self.residual_post = (
+            HookPoint() for _ in "abcd")
 
     def forward(
         self,
@@ -212,7 +222,10 @@ class CrossAttentionBlock(nn.Module):
         def feed_forward(h: Tensor) -> tuple[Tensor, None]:
             return self.ff(h), None
 
-        x, self_weights = residual(x, self_attention, self.norm1, self.dropout, self.norm_first)
-        x, cross_weights = residual(x, cross_attention, self.norm2, self.dropout, self.norm_first)
-        x, _ = residual(x, feed_forward, self.norm3, self.dropout, self.norm_first)
-        return x, self_weights, cross_weights
+        x, self_weights = residual(self.residual_pre(x), self_attention, self.norm1,
+                                   self.dropout, self.norm_first)
+        x, cross_weights = residual(self.residual_mid(x), cross_attention, self.norm2,
+                                    self.dropout, self.norm_first)
+        x, _ = residual(self.residual_cross(x), feed_forward, self.norm3, self.dropout,
+                        self.norm_first)
+        return self.residual_post(x), self_weights, cross_weights

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tfbook.hooks import HookPoint
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 FFNS = ("mlp", "swiglu")
 
@@ -66,11 +68,12 @@ class FeedForward(nn.Module):
         self.fc_in = nn.Linear(d_model, d_ff, bias=bias)  # W_1, b_1: "diffuse"
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)  # W_2, b_2: "compress"
         self.dropout = nn.Dropout(dropout)
+        self.hidden, self.out = HookPoint(), HookPoint()  # (B, T, F) and (B, T, C)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
-        h = self.act(self.fc_in(x))  # (B, T, F)
-        return self.fc_out(self.dropout(h))  # (B, T, C)
+        h = self.hidden(self.act(self.fc_in(x)))  # (B, T, F)
+        return self.out(self.fc_out(self.dropout(h)))  # (B, T, C)
 
 
 class SwiGLU(nn.Module):
@@ -87,6 +90,7 @@ class SwiGLU(nn.Module):
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)  # W_2: back to C ("down")
         self.dropout = nn.Dropout(dropout)
         self.packed_gate_in = None  # W_gate, W_1 as one matrix: tfbook.packing (for decoding)
+        self.hidden, self.out = HookPoint(), HookPoint()  # (B, T, F) and (B, T, C)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, T, C) -> (B, T, C)."""
@@ -95,8 +99,8 @@ class SwiGLU(nn.Module):
             gate, value = packed(x)  # one product x [W_gate; W_1]^T, split (tfbook.packing)
         else:
             gate, value = self.fc_gate(x), self.fc_in(x)
-        h = self.act(gate) * value  # (B, T, F): gate times value
-        return self.fc_out(self.dropout(h))  # (B, T, C)
+        h = self.hidden(self.act(gate) * value)  # (B, T, F): gate times value
+        return self.out(self.fc_out(self.dropout(h)))  # (B, T, C)
 
 
 def make_ffn(

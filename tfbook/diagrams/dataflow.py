@@ -489,9 +489,12 @@ class Recorder(TorchFunctionMode):
     # -- the context ------------------------------------------------------------------------
     def __enter__(self) -> Recorder:
         from tfbook.attention import MultiHeadAttention
+        from tfbook.hooks import HookPoint
 
         if self.model is not None:
             for name, module in self.model.named_modules():
+                if isinstance(module, HookPoint):
+                    continue  # the identity: its tensor is named by the steps around it
                 if isinstance(module, MultiHeadAttention):
                     self._watch_attention(module)
                 self._watch_activation(module)
