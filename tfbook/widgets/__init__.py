@@ -8,6 +8,7 @@ from tfbook.widgets.attention import AttentionExample, AttentionMap
 from tfbook.widgets.base import Widget
 from tfbook.widgets.bpe import BPEMergesWidget
 from tfbook.widgets.explorer import ModelExplorer
+from tfbook.widgets.heads import HeadExplorer
 from tfbook.widgets.positions import PositionalEncodingExplorer
 from tfbook.widgets.rope import RopeExplorer
 from tfbook.widgets.sampling import SamplingWidget
@@ -17,6 +18,7 @@ __all__ = [
     "AttentionExample",
     "AttentionMap",
     "BPEMergesWidget",
+    "HeadExplorer",
     "ModelExplorer",
     "PositionalEncodingExplorer",
     "RopeExplorer",

@@ -1,0 +1,599 @@
+// The head explorer (tfbook/widgets/heads.py): every head of a model as one grid, layers as
+// rows and heads as columns, each cell coloured by the score the reader picks; below or
+// beside it the attention pattern of the selected head on the selected text, queries as
+// rows and keys as columns, with the tokens on both axes and the weight under the pointer.
+//
+// Python sends each text's maps as bytes, round(255 w), in (L, H, T, T) order, deflated and
+// in base64 (attention.py's pack_maps). This file comes after common.js, tokenspans.js
+// (showWhitespace) and the helpers of attention.js (PALETTE, inflateMaps, paintBytes,
+// truncationNote, TYPED_NAME, EMPTY_TEXT), and after gpt.js when the page carries a model.
+//
+// What is drawn when: the grid's cells once (another score changes only their colours and
+// labels); the pattern once per text, head and cell size, one pixel a weight scaled up by
+// CSS to cells that fit the column; the row and column under the pointer as two outlines
+// laid over it. Token text is set with textContent, never as HTML.
+//
+// The keyboard: the grid is one tab stop (aria-activedescendant names the selected cell);
+// the arrow keys move the selected head, Home and End go to the first and last head of the
+// layer, Page Up and Page Down five layers up or down, Enter or Space selects the head
+// under the cursor. Layers and heads are counted from 0, as in the code.
+//
+// Timings for the tests and bench/bench_heads.py (performance.now(), in this view):
+// node.headsTimes = {firstDraw, drawnAt, clicks, clickFrames}.
+
+const HEADS_STYLE = `
+.tfw-heads .tfw-body { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
+.tfw-heads .tfw-gridbox { max-height: 420px; overflow: auto; flex: 0 1 auto; max-width: 100%;
+  border: 1px solid #ddd; }
+.tfw-heads .tfw-hgrid { display: grid; gap: 1px; padding: 0 2px 2px 0; }
+.tfw-heads .tfw-hgrid:focus { outline: none; }
+.tfw-heads .tfw-hgrid:focus-visible .tfw-cell.tfw-on { outline: 3px solid #c000c0; }
+.tfw-heads .tfw-hrow { display: contents; }
+.tfw-heads .tfw-hgrid > .tfw-hrow > span { font-size: 12px; line-height: 22px; color: #444;
+  background: #fff; }
+.tfw-heads .tfw-colhead { position: sticky; top: 0; text-align: center; z-index: 1; }
+.tfw-heads .tfw-rowhead { position: sticky; left: 0; text-align: right; padding: 0 4px 0 2px; }
+.tfw-heads .tfw-cell { height: 22px; cursor: pointer; box-sizing: border-box;
+  border: 1px solid rgba(0, 0, 0, 0.08); }
+.tfw-heads .tfw-cell.tfw-on { outline: 3px solid #222; outline-offset: -3px; }
+.tfw-heads .tfw-cell.tfw-hover { box-shadow: inset 0 0 0 2px #888; }
+.tfw-heads .tfw-legend { display: flex; align-items: center; gap: 6px; font-size: 12px;
+  color: #444; flex-wrap: wrap; }
+.tfw-heads .tfw-ramp { display: inline-block; width: 110px; height: 10px; border: 1px solid #aaa; }
+.tfw-heads .tfw-panel { flex: 1 1 300px; min-width: 0; }
+.tfw-heads .tfw-said { font-size: 13px; margin: 2px 0 4px; }
+.tfw-heads .tfw-readout { min-height: 2.8em; font-size: 12px; }
+.tfw-heads .tfw-patternbox { overflow-x: auto; max-width: 100%; }
+.tfw-heads .tfw-heat { display: grid; }
+.tfw-heads .tfw-corner { font-size: 12px; color: #666; display: flex; align-items: flex-end;
+  justify-content: flex-end; text-align: right; padding: 0 4px 2px 0; line-height: 1.2; }
+.tfw-heads .tfw-keys, .tfw-heads .tfw-queries, .tfw-heads .tfw-mapbox { position: relative; }
+.tfw-heads .tfw-keys span, .tfw-heads .tfw-queries span { position: absolute; font: 12px monospace;
+  white-space: pre; overflow: hidden; text-overflow: ellipsis; color: #333; }
+.tfw-heads .tfw-keys span { bottom: 0; max-height: calc(100% - 4px); width: 14px; line-height: 14px;
+  writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; }
+.tfw-heads .tfw-queries span { right: 4px; height: 14px; line-height: 14px; max-width: calc(100% - 4px);
+  text-align: right; }
+.tfw-heads .tfw-keys span.tfw-hot, .tfw-heads .tfw-queries span.tfw-hot { color: #d62728;
+  font-weight: bold; }
+.tfw-heads .tfw-mapbox canvas { display: block; cursor: crosshair; touch-action: pan-x pan-y; }
+.tfw-heads .tfw-mark { position: absolute; pointer-events: none; display: none;
+  outline: 2px solid #d62728; }
+.tfw-heads .tfw-cut { color: #b35900; }
+.tfw-heads select { max-width: min(24em, 100%); }
+/* 16 px: a phone does not zoom the page when the text box takes the focus */
+.tfw-heads input[type=text] { width: min(30em, 90%); font: 16px system-ui, sans-serif; }
+`;
+
+const LABEL_PX = 14;  // a token label's line: 12 px text
+const PATTERN_CELL_MAX = 22;  // the pattern's cells, px: as large as the column allows, up to this
+const PATTERN_CELL_MIN = 4;  // and down to this (a longer text scrolls sideways in its own box)
+const PAGE_STEP = 5;  // layers moved by Page Up / Page Down
+
+// A piece of a character in a token label (Python's token_label, gpt.js's pageTokenLabel):
+// its bytes in hex between ‹ ›, kept as they are; whitespace elsewhere made visible.
+const PIECE_RE = /(‹[0-9a-f]{2}(?: [0-9a-f]{2})*›)/;
+
+function shownToken(label) {
+  return String(label).split(PIECE_RE).map((part, i) => (i % 2 ? part : showWhitespace(part)))
+    .join("");
+}
+
+/** A score as the page writes it: 4 significant digits. */
+function scoreText(v) {
+  return String(Number(v.toPrecision(4)));
+}
+
+/** The cut note of tfbook/widgets/heads.py (cut_note): the attention map's when the limit is the
+ *  model's context. */
+function headsCutNote(nTokens, limit, context) {
+  if (limit === context) return truncationNote(nTokens, limit);
+  return `the text is ${nTokens} tokens long and this explorer shows at most ${limit} ` +
+    `(the model reads up to ${context}): its first ${nTokens - limit} tokens were cut, ` +
+    `the maps show the last ${limit}`;
+}
+
+function render({ model, el: element }) {
+  const started = performance.now();
+  const node = root(element, "tfw-heads");
+  node.append(el("style", {}, HEADS_STYLE));
+  const times = { firstDraw: null, drawnAt: null, clicks: [], clickFrames: [] };
+  node.headsTimes = times;
+  const [L, H] = model.get("heads");
+  const gridId = `tfw-heads-${Math.random().toString(36).slice(2)}`;
+
+  // --- controls -----------------------------------------------------------------------------
+  const title = el("div", { class: "tfw-title", style: "font-weight: 600" });
+  const scorePicker = el("select", { "aria-label": "score" });
+  const textPicker = el("select", { "aria-label": "text" });
+  const legend = el("div", { class: "tfw-legend", "aria-label": "colour legend" });
+  node.append(title,
+              el("div", { class: "tfw-row" }, el("label", {}, "colour by ", scorePicker), legend),
+              el("div", { class: "tfw-row" }, el("label", {}, "text ", textPicker)));
+  const textInput = el("input", { type: "text", "aria-label": "your text", spellcheck: "false",
+                                  placeholder: "type a sentence" });
+  const runButton = el("button", {}, "run");
+  const note = el("div", { class: "tfw-note" });
+  const status = el("span", { class: "tfw-note tfw-status", role: "status" });
+  const errorBox = el("span", { class: "tfw-note", style: "color:#b00" });
+  const liveRow = el("div", {}, el("div", { class: "tfw-row" }, textInput, runButton),
+                     note, el("div", { class: "tfw-row" }, status, errorBox, pythonStatus(model)));
+  node.append(liveRow);
+
+  // --- the grid: a header row (heads), then a row a layer (its name, then its heads) ----------
+  const grid = el("div", { class: "tfw-hgrid", role: "grid", tabindex: 0,
+                           "aria-rowcount": L + 1, "aria-colcount": H + 1 });
+  grid.style.gridTemplateColumns = `auto repeat(${H}, minmax(24px, 36px))`;
+  const header = el("div", { class: "tfw-hrow", role: "row" },
+                    el("span", { class: "tfw-colhead tfw-rowhead", role: "columnheader",
+                                 "aria-label": "layer" }));
+  for (let h = 0; h < H; h++) {
+    header.append(el("span", { class: "tfw-colhead", role: "columnheader",
+                               "aria-label": `head ${h}` }, `h${h}`));
+  }
+  const rows = [header];
+  const cells = [];  // layer * H + head -> its cell
+  for (let l = 0; l < L; l++) {
+    const row = el("div", { class: "tfw-hrow", role: "row" },
+                   el("span", { class: "tfw-rowhead", role: "rowheader",
+                                "aria-label": `layer ${l}` }, `L${l}`));
+    for (let h = 0; h < H; h++) {
+      const cell = el("div", { class: "tfw-cell", role: "gridcell", id: `${gridId}-${l}-${h}`,
+                               "data-layer": l, "data-head": h, "aria-selected": "false" });
+      cells.push(cell);
+      row.append(cell);
+    }
+    rows.push(row);
+  }
+  grid.append(...rows);
+  const gridBox = el("div", { class: "tfw-gridbox" }, grid);
+  const hoverLine = el("div", { class: "tfw-note tfw-hoverline" });
+
+  // --- the pattern of the selected head -------------------------------------------------------
+  const said = el("div", { class: "tfw-said", "aria-live": "polite" });
+  const corner = el("span", { class: "tfw-corner" }, "query ↓ key →");
+  const keys = el("div", { class: "tfw-keys", "aria-hidden": "true" });
+  const queries = el("div", { class: "tfw-queries", "aria-hidden": "true" });
+  const canvas = el("canvas", { width: 1, height: 1, role: "img" });
+  const rowMark = el("div", { class: "tfw-mark" });
+  const colMark = el("div", { class: "tfw-mark" });
+  const mapBox = el("div", { class: "tfw-mapbox" }, canvas, rowMark, colMark);
+  const heat = el("div", { class: "tfw-heat" }, corner, keys, queries, mapBox);
+  const readout = el("div", { class: "tfw-readout" });
+  const cutBox = el("div", { class: "tfw-note tfw-cut" });
+  const patternNote = el("div", { class: "tfw-note" },
+                         "white: weight 0, dark blue: 1; grey: a key after the query (masked)");
+  const panel = el("div", { class: "tfw-panel" }, said, cutBox,
+                   el("div", { class: "tfw-patternbox" }, heat), patternNote, readout);
+  node.append(el("div", { class: "tfw-body" }, el("div", {}, gridBox, hoverLine), panel));
+
+  // --- the data: Python's texts (inflated once per `data`) and the page's own run -----------
+  let inflated = { from: null, bytes: null };
+  let typed = null;  // {meta, bytes, offset: 0, key} of the text the page ran itself
+  let version = 0;  // bumped whenever the bytes behind an example may change
+  let decoded = { from: null, metas: [] };
+
+  function unpack() {
+    const data = model.get("data");
+    if (inflated.from === data) return;
+    inflated = { from: data, bytes: null };
+    inflateMaps(data).then((bytes) => {
+      if (inflated.from !== data) return;  // newer data arrived meanwhile
+      inflated.bytes = bytes;
+      version += 1;
+      draw();
+    }, (error) => { said.textContent = error.message; });
+  }
+
+  /** Python's examples with their text read back from the page (fromPage), once. */
+  function metas() {
+    const raw = model.get("examples");
+    if (decoded.from !== raw) {
+      decoded = { from: raw, metas: raw.map((m) => ({ name: fromPage(m.name), note: fromPage(m.note),
+                                                     tokens: m.tokens.map(fromPage), T: m.T })) };
+    }
+    return decoded.metas;
+  }
+
+  /** Every text shown: Python's, then the page's run. */
+  function exampleList() {
+    const list = metas(), offsets = model.get("offsets");
+    if (!inflated.bytes || inflated.from !== model.get("data") || offsets.length !== list.length) {
+      return null;
+    }
+    const all = list.map((meta, i) => ({ meta, bytes: inflated.bytes, offset: offsets[i],
+                                         key: `${version}:${i}` }));
+    if (typed) all.push(typed);
+    return all;
+  }
+
+  function current() {
+    const list = exampleList();
+    if (!list || !list.length) return null;
+    const e = Math.min(Math.max(model.get("example"), 0), list.length - 1);
+    const { meta, bytes, offset, key } = list[e];
+    const layer = Math.min(Math.max(model.get("layer"), 0), L - 1);
+    const head = Math.min(Math.max(model.get("head"), 0), H - 1);
+    return { list, e, meta, bytes, offset, key, T: meta.T, layer, head,
+             start: offset + (layer * H + head) * meta.T * meta.T };
+  }
+
+  function pick(changes) {
+    for (const [key, value] of Object.entries(changes)) model.set(key, value);
+    model.save_changes();
+  }
+
+  // --- drawing: each part remembers what it shows ---------------------------------------------
+  const shown = { title: null, scores: null, score: null, names: null, selected: null,
+                  labels: null, pattern: null, cell: 0, T: 0, masked: false };
+  let hoverCell = null;
+
+  function scoreOf(l, h) {
+    const s = model.get("score");
+    return model.get("scores")[s][l][h];
+  }
+
+  function scoreName() {
+    return fromPage(model.get("score_names")[model.get("score")] || "");
+  }
+
+  /** The score's colour range: 0 is white; positive red, negative blue (common.js's
+   *  divergingColor), the strongest at the largest |value|. */
+  function scoreRange() {
+    let lo = Infinity, hi = -Infinity;
+    for (const row of model.get("scores")[model.get("score")]) {
+      for (const v of row) { if (v < lo) lo = v; if (v > hi) hi = v; }
+    }
+    return { lo, hi, vmax: Math.max(Math.abs(lo), Math.abs(hi)) || 1 };
+  }
+
+  function drawScores() {
+    const key = `${model.get("score")}`;
+    if (shown.scores === model.get("scores") && shown.score === key) return;
+    shown.scores = model.get("scores");
+    shown.score = key;
+    const names = model.get("score_names").map(fromPage);
+    if (shown.names !== names.join("\u0000")) {
+      shown.names = names.join("\u0000");
+      scorePicker.replaceChildren(...names.map((name, i) => el("option", { value: i }, name)));
+    }
+    scorePicker.value = String(model.get("score"));
+    const name = scoreName();
+    const { lo, hi, vmax } = scoreRange();
+    for (let l = 0; l < L; l++) {
+      for (let h = 0; h < H; h++) {
+        const v = scoreOf(l, h), cell = cells[l * H + h];
+        cell.style.background = divergingColor(v, vmax);
+        cell.setAttribute("aria-label", `layer ${l}, head ${h}: ${name} ${scoreText(v)}`);
+      }
+    }
+    grid.setAttribute("aria-label", `${L} layers x ${H} heads coloured by ${name}: the arrow ` +
+                      "keys move the selected head, Enter shows its pattern");
+    const ends = lo >= 0 ? [0, vmax] : hi <= 0 ? [-vmax, 0] : [-vmax, vmax];
+    const ramp = el("span", { class: "tfw-ramp" });
+    const stops = lo >= 0 || hi <= 0 ? ends : [ends[0], 0, ends[1]];
+    ramp.style.background = `linear-gradient(to right, ${stops.map((v) => divergingColor(v, vmax)).join(", ")})`;
+    legend.replaceChildren(el("span", {}, scoreText(ends[0])), ramp, el("span", {}, scoreText(ends[1])),
+                           el("span", {}, `(${name}: from ${scoreText(lo)} to ${scoreText(hi)})`));
+    node.dataset.score = String(model.get("score"));
+  }
+
+  function drawSelection() {
+    const layer = Math.min(Math.max(model.get("layer"), 0), L - 1);
+    const head = Math.min(Math.max(model.get("head"), 0), H - 1);
+    const cell = cells[layer * H + head];
+    if (shown.selected !== cell) {
+      if (shown.selected) {
+        shown.selected.classList.remove("tfw-on");
+        shown.selected.setAttribute("aria-selected", "false");
+      }
+      cell.classList.add("tfw-on");
+      cell.setAttribute("aria-selected", "true");
+      grid.setAttribute("aria-activedescendant", cell.id);
+      shown.selected = cell;
+    }
+    node.dataset.layer = String(layer);
+    node.dataset.head = String(head);
+  }
+
+  /** The cell size that fits the pattern in the panel (labels beside it). */
+  function cellFor(T, labelWidth) {
+    const room = (panel.clientWidth || 320) - labelWidth - 4;
+    return Math.max(PATTERN_CELL_MIN, Math.min(PATTERN_CELL_MAX, Math.floor(room / T)));
+  }
+
+  /** The token labels of both axes; every k-th when the cells are narrower than a line. */
+  function drawLabels(c, cell, labelWidth) {
+    const T = c.T;
+    const step = Math.ceil(LABEL_PX / cell);
+    const texts = c.meta.tokens.map(shownToken);
+    heat.style.gridTemplateColumns = `${labelWidth}px ${T * cell + 2}px`;
+    heat.style.gridTemplateRows = `${labelWidth}px ${T * cell + 2}px`;
+    const keySpans = [], querySpans = [];
+    for (let t = 0; t < T; t += step) {
+      const middle = 1 + t * cell + cell / 2 - LABEL_PX / 2;
+      keySpans.push(el("span", { "data-index": t, title: texts[t], style: `left: ${middle}px` },
+                       texts[t]));
+      querySpans.push(el("span", { "data-index": t, title: texts[t], style: `top: ${middle}px` },
+                         texts[t]));
+    }
+    keys.replaceChildren(...keySpans);
+    queries.replaceChildren(...querySpans);
+    node.dataset.labelStep = String(step);
+  }
+
+  function drawPattern(c) {
+    const longest = Math.max(1, ...c.meta.tokens.map((t) => shownToken(t).length));
+    const labelWidth = Math.max(28, Math.min(84, 8 * longest + 8));
+    const cell = cellFor(c.T, labelWidth);
+    const what = `${c.key}:${c.layer}:${c.head}:${cell}`;
+    if (shown.pattern === what) return false;
+    if (shown.labels !== `${c.key}:${cell}`) {
+      shown.labels = `${c.key}:${cell}`;
+      drawLabels(c, cell, labelWidth);
+    }
+    shown.pattern = what;
+    shown.cell = cell;
+    shown.T = c.T;
+    paintBytes(canvas, c.bytes, c.start, c.T, c.T);  // one pixel a weight
+    // the keys after each query: grey where the map is causal (all of them 0)
+    let causal = true;
+    for (let q = 0; q < c.T && causal; q++) {
+      for (let k = q + 1; k < c.T; k++) {
+        if (c.bytes[c.start + q * c.T + k] !== 0) { causal = false; break; }
+      }
+    }
+    if (causal) {
+      const context = canvas.getContext("2d");
+      context.fillStyle = "#e4e4e4";
+      for (let q = 0; q + 1 < c.T; q++) context.fillRect(q + 1, q, c.T - q - 1, 1);
+    }
+    shown.masked = causal;
+    canvas.style.width = canvas.style.height = `${c.T * cell + 2}px`;  // + the border
+    canvas.setAttribute("aria-label", `attention pattern of layer ${c.layer}, head ${c.head}: ` +
+                        `${c.T} queries (rows) x ${c.T} keys (columns)`);
+    cutBox.textContent = c.meta.note || "";
+    readout.textContent = "point at a cell of the pattern to read its weight";
+    node.headsShown = { example: c.e, layer: c.layer, head: c.head, T: c.T, cell,
+                        tokens: c.meta.tokens };
+    markCell(null);
+    return true;
+  }
+
+  function drawTextPicker(c) {
+    const names = c.list.map((x) => x.meta.name);
+    if (shown.textNames !== names.join("\u0000")) {
+      shown.textNames = names.join("\u0000");
+      textPicker.replaceChildren(...names.map((name, i) => el("option", { value: i }, name)));
+    }
+    textPicker.value = String(c.e);
+  }
+
+  function draw() {
+    errorBox.textContent = pageError || fromPage(model.get("error"));
+    const text = fromPage(model.get("title"));
+    if (shown.title !== text) {
+      shown.title = text;
+      title.textContent = text;
+      title.style.display = text ? "" : "none";
+    }
+    drawScores();
+    unpack();
+    const c = current();
+    drawSelection();
+    if (!c) {
+      if (!said.textContent) said.textContent = "unpacking the patterns…";
+      return;
+    }
+    drawTextPicker(c);
+    said.textContent = `layer ${c.layer}, head ${c.head}: ${scoreName()} ` +
+      `${scoreText(scoreOf(c.layer, c.head))}; its pattern on “${c.meta.name}”, ${c.T} tokens`;
+    if (drawPattern(c) && times.firstDraw === null) {
+      times.drawnAt = performance.now();
+      times.firstDraw = times.drawnAt - started;
+    }
+  }
+
+  // --- the pointer over the pattern: the weight of one query and key --------------------------
+  function markCell(at) {
+    for (const span of [...keys.children, ...queries.children]) span.classList.remove("tfw-hot");
+    if (!at) {
+      rowMark.style.display = colMark.style.display = "none";
+      return;
+    }
+    const { q, k } = at, cell = shown.cell, T = shown.T;
+    Object.assign(rowMark.style, { display: "block", left: "1px", top: `${1 + q * cell}px`,
+                                   width: `${T * cell}px`, height: `${cell}px` });
+    Object.assign(colMark.style, { display: "block", left: `${1 + k * cell}px`, top: "1px",
+                                   width: `${cell}px`, height: `${T * cell}px` });
+    for (const [box, index] of [[queries, q], [keys, k]]) {
+      const span = box.querySelector(`[data-index="${index}"]`);
+      if (span) span.classList.add("tfw-hot");
+    }
+  }
+
+  function readCell(event) {
+    const c = current();
+    if (!c || !shown.cell) return;
+    const rect = canvas.getBoundingClientRect();
+    const x = event.clientX - rect.left - canvas.clientLeft;
+    const y = event.clientY - rect.top - canvas.clientTop;
+    const q = Math.floor((y / canvas.clientHeight) * c.T);
+    const k = Math.floor((x / canvas.clientWidth) * c.T);
+    if (q < 0 || q >= c.T || k < 0 || k >= c.T) return;
+    const byte = c.bytes[c.start + q * c.T + k];
+    const tq = shownToken(c.meta.tokens[q]), tk = shownToken(c.meta.tokens[k]);
+    readout.textContent = k > q && shown.masked
+      ? `key “${tk}” (${k}) comes after query “${tq}” (${q}): masked, weight 0`
+      : `query “${tq}” (${q}) reads key “${tk}” (${k}) with weight ${(byte / 255).toFixed(3)}`;
+    node.headsCell = { q, k, byte, text: readout.textContent };
+    markCell({ q, k });
+  }
+  canvas.addEventListener("pointermove", readCell);
+  canvas.addEventListener("pointerdown", readCell);
+  canvas.addEventListener("pointerleave", () => markCell(null));
+
+  // --- choosing a head: a click, or the keyboard on the grid ----------------------------------
+  function select(layer, head) {
+    const clicked = performance.now();
+    pick({ layer, head });
+    draw();
+    times.clicks.push(performance.now() - clicked);
+    requestAnimationFrame(() => times.clickFrames.push(performance.now() - clicked));
+  }
+
+  /** The selected cell in sight inside the grid's own box (never scrolls the page). */
+  function reveal(cell) {
+    const box = gridBox.getBoundingClientRect(), r = cell.getBoundingClientRect();
+    if (!box.height) return;
+    const top = box.top + 24;  // below the sticky row of head names
+    if (r.top < top) gridBox.scrollTop -= top - r.top;
+    else if (r.bottom > box.bottom) gridBox.scrollTop += r.bottom - box.bottom;
+  }
+
+  const cellOf = (target) => target.closest && target.closest(".tfw-cell");
+  grid.addEventListener("click", (event) => {
+    const cell = cellOf(event.target);
+    if (cell) select(Number(cell.dataset.layer), Number(cell.dataset.head));
+  });
+  grid.addEventListener("keydown", (event) => {
+    let layer = model.get("layer"), head = model.get("head");
+    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1],
+                    PageUp: [-PAGE_STEP, 0], PageDown: [PAGE_STEP, 0] };
+    if (event.key in moves) {
+      layer = Math.min(L - 1, Math.max(0, layer + moves[event.key][0]));
+      head = Math.min(H - 1, Math.max(0, head + moves[event.key][1]));
+    } else if (event.key === "Home") {
+      head = 0;
+    } else if (event.key === "End") {
+      head = H - 1;
+    } else if (event.key !== "Enter" && event.key !== " ") {
+      return;
+    }
+    event.preventDefault();  // the page does not scroll under the reader's keys
+    select(layer, head);
+    reveal(cells[layer * H + head]);
+  });
+  grid.addEventListener("mouseover", (event) => {
+    const cell = cellOf(event.target);
+    if (!cell || cell === hoverCell) return;
+    if (hoverCell) hoverCell.classList.remove("tfw-hover");
+    hoverCell = cell;
+    cell.classList.add("tfw-hover");
+    const l = Number(cell.dataset.layer), h = Number(cell.dataset.head);
+    hoverLine.textContent = `layer ${l}, head ${h}: ${scoreName()} ${scoreText(scoreOf(l, h))}`;
+  });
+  grid.addEventListener("mouseleave", () => {
+    if (hoverCell) hoverCell.classList.remove("tfw-hover");
+    hoverCell = null;
+    hoverLine.textContent = "point at a head to read its score; click it to see its pattern";
+  });
+  hoverLine.textContent = "point at a head to read its score; click it to see its pattern";
+
+  scorePicker.addEventListener("change", () => { pick({ score: Number(scorePicker.value) }); draw(); });
+  textPicker.addEventListener("change", () => { pick({ example: Number(textPicker.value) }); draw(); });
+
+  // --- the reader's text: Python (a kernel) or the page model ---------------------------------
+  let live = false;
+  let pageError = "";
+  let gpt = null;  // the PageGPT, decoded from the payload on the first run
+  let runs = 0;
+  let pending = false;
+  const hasPageModel = () => model.get("page_model") !== "";
+  const inPython = () => live && model.get("can_run");
+  const inPage = () => !inPython() && hasPageModel();
+
+  /** Run the page model on the text box and show its patterns as the text "your text". */
+  function runHere() {
+    pending = false;
+    const text = textInput.value;
+    pageError = "";
+    if (text.trim() === "") {
+      status.textContent = EMPTY_TEXT;
+      draw();
+      return;
+    }
+    try {
+      gpt = gpt || new PageGPT(JSON.parse(model.get("page_model")));
+      const start = performance.now();
+      const all = gpt.tokenizer.encode(text);
+      if (!all.length) throw new Error("the text has no tokens");
+      const context = gpt.config.max_len;
+      const limit = Math.min(model.get("max_tokens"), context);
+      const { ids, dropped } = fitContext(all, limit);
+      const { attentions } = gpt.forward(ids, { needWeights: true, lastOnly: true });
+      const T = ids.length, nH = gpt.config.n_heads;
+      if (attentions.length !== L || nH !== H) {
+        throw new Error(`the page model has ${attentions.length} x ${nH} heads, the grid ${L} x ${H}`);
+      }
+      const bytes = new Uint8Array(L * H * T * T);  // (L, H, T, T), as Python's bytes
+      attentions.forEach((w, l) => {  // w (H, T, T)
+        for (let i = 0; i < w.length; i++) bytes[l * H * T * T + i] = Math.round(w[i] * 255);
+      });
+      const tokens = ids.map((id) => gpt.tokenizer.tokenText(id));
+      const ms = performance.now() - start;
+      runs += 1;
+      typed = { meta: { name: TYPED_NAME, tokens, T,
+                        note: dropped ? headsCutNote(all.length, limit, context) : "" },
+                bytes, offset: 0, key: `page${runs}` };
+      node.headsRun = { ids, tokens, dropped, attentions, ms, runs };
+      status.textContent = `computed in this page in ${ms.toFixed(0)} ms`;
+    } catch (error) {
+      pageError = error.message;  // e.g. a lone surrogate: the patterns stay as they were
+      draw();
+      return;
+    }
+    pick({ example: metas().length });  // the page's text comes after Python's
+    draw();
+  }
+
+  function runText() {
+    if (inPython()) {
+      if (textInput.value.trim() === "") {
+        status.textContent = EMPTY_TEXT;
+        return;
+      }
+      status.textContent = "";
+      request(model, { text: textInput.value });
+    } else if (inPage() && !pending) {
+      pending = true;  // one run per frame however fast the reader types
+      requestAnimationFrame(runHere);
+    }
+  }
+  runButton.addEventListener("click", runText);
+  textInput.addEventListener("input", () => { if (inPage()) runText(); });
+  textInput.addEventListener("keydown", (event) => { if (event.key === "Enter") runText(); });
+
+  function drawMode() {
+    const python = inPython(), page = inPage();
+    textInput.disabled = runButton.disabled = !(python || page);
+    runButton.style.display = page ? "none" : "";
+    liveRow.style.display = model.get("can_run") || hasPageModel() ? "" : "none";
+    note.textContent = python ? "Python runs the model on your text"
+      : page ? "the model runs in this page as you type: no kernel, no network"
+        : "this model is too big to run in the page: your own text needs a kernel (run the " +
+          "chapter in Jupyter); the texts in the menu were computed when the page was made";
+    node.dataset.mode = python ? "python" : page ? "page" : "static";
+  }
+  watchLive(model, (isLive) => { live = isLive; drawMode(); });
+
+  for (const name of ["data", "examples", "offsets", "example", "layer", "head", "score",
+                      "scores", "score_names", "title", "error"]) {
+    model.on(`change:${name}`, draw);
+  }
+  model.on("change:page_model", () => { gpt = null; drawMode(); });
+  model.on("change:can_run", drawMode);
+  // a new column width: the pattern's cells follow it (in the next frame, not inside the
+  // observer's callback)
+  if (typeof ResizeObserver !== "undefined") {
+    let width = 0;
+    new ResizeObserver(() => {
+      if (panel.clientWidth === width) return;
+      width = panel.clientWidth;
+      requestAnimationFrame(draw);
+    }).observe(panel);
+  }
+  draw();
+}
+
+export default { render };
