@@ -125,13 +125,15 @@ def tiny_hf_llama(seed: int = 0, **config: Any) -> LlamaForCausalLM:
 
     4 query heads share 2 key/value heads (grouped-query attention, as SmolLM2's 9 and 3).
     The RMSNorm weights are drawn around 1 instead of HF's all-ones, so that a mistake about
-    where the norm's weight goes (TransformerLens folds it into the next matrices) shows.
+    where the norm's weight goes (TransformerLens folds it into the next matrices) shows; the
+    weights' scale (initializer_range 0.2, not 0.02) makes the attention far from uniform, so
+    that patching a head's query or key changes the output.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     settings = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                    tie_word_embeddings=True, attn_implementation="eager",
+                    tie_word_embeddings=True, attn_implementation="eager", initializer_range=0.2,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     settings.update(config)
     torch.manual_seed(seed)

@@ -1,0 +1,315 @@
+"""tfbook.inspect equals TransformerLens 4.3 and nnsight 0.8 (the references of issue 24).
+
+TransformerLens's TransformerBridge wraps a Hugging Face LlamaForCausalLM and reads it through
+its own hook points; tfbook's hooks read tfbook's model. Both hold the same weights: SmolLM2
+from the shipped GGUF (tfbook in Hugging Face's layout, `load_smollm2("hf")`) and a random
+2-layer Llama with grouped-query attention. So every cached tensor, and every patched run,
+must agree. tfbook's reference kernels and HF's eager attention sum in nearly the same order;
+the bound is relative to each tensor's own scale, HF_RELATIVE_BOUND (1e-5) of its largest
+magnitude: 84 to 168 float32 ulps of the largest entry, far above the rounding of a forward
+pass of a few tokens and far below any real difference (a wrong head, position or norm moves
+values by 1e-2 of the scale or more). nnsight traces tfbook's small GPT as a plain torch
+module: what it saves and what it overwrites must equal tfbook's hooks, bit for bit, since
+both run the same model code (thread count pinned).
+
+Everything is offline (tests/inspect_reference.py boots the bridge with the hub switched
+off); SmolLM2's bridge is booted once per module.
+"""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests import inspect_reference as ref
+from tests.pinned_threads import pinned_threads
+from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
+from tfbook.checkpoints.smollm2 import (
+    HF_RELATIVE_BOUND,
+    hf_llama_from_gguf,
+    load_smollm2,
+    load_smollm2_tokenizer,
+    read_smollm2_gguf,
+)
+from tfbook.inspect import hook_names, hook_points, hooks, patch, run_with_cache, zero
+from tfbook.models.gpt import GPT, GPTConfig
+
+CLEAN = "The Eiffel Tower is in the city of"
+CORRUPTED = "The Colosseum is in the city of"  # as many tokens as CLEAN (checked)
+ANSWER, OTHER = " Paris", " Rome"
+
+# tfbook's hook point -> TransformerLens's, per block. tfbook keeps heads before positions
+# ((B, H, T, D), as attention computes them); TL puts positions first ((B, T, H, D)).
+SAME_LAYOUT = {"residual_pre": "hook_resid_pre", "residual_mid": "hook_resid_mid",
+               "residual_post": "hook_resid_post", "attn.weights": "attn.hook_pattern",
+               "attn.out": "hook_attn_out", "ff.hidden": "mlp.hook_post",
+               "ff.out": "hook_mlp_out"}
+HEADS_FIRST = {"attn.q": "attn.hook_q", "attn.k": "attn.hook_k", "attn.v": "attn.hook_v",
+               "attn.heads": "attn.hook_z"}
+
+
+def close(ours: torch.Tensor, theirs: torch.Tensor, scale: torch.Tensor | None = None) -> bool:
+    """|ours - theirs| <= HF_RELATIVE_BOUND * the largest |theirs| (or |scale|), elementwise."""
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    bound = HF_RELATIVE_BOUND * (theirs if scale is None else scale).abs().max()
+    return bool(((ours - theirs).abs() <= bound).all())
+
+
+def tl_name(name: str) -> tuple[str, bool]:
+    """TransformerLens's name for tfbook's hook `name`, and whether the axes H, T swap."""
+    block, index, rest = name.split(".", 2)
+    if rest in SAME_LAYOUT:
+        return f"{block}.{index}.{SAME_LAYOUT[rest]}", False
+    return f"{block}.{index}.{HEADS_FIRST[rest]}", True
+
+
+def assert_cache_equal(ours_cache, tl_cache, names) -> None:
+    for name in names:
+        theirs, swap = tl_name(name)
+        mine = ours_cache[name].transpose(1, 2) if swap else ours_cache[name]
+        assert close(mine, tl_cache[theirs]), name
+
+
+def logit_gap_bound(logits: torch.Tensor) -> float:
+    """How far two logit differences computed to HF_RELATIVE_BOUND may be apart."""
+    return 2 * HF_RELATIVE_BOUND * logits.abs().max().item()
+
+
+# --- SmolLM2 ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """tfbook's SmolLM2 and TL's bridge around HF's, both from the GGUF, and the prompts."""
+    tokenizer = load_smollm2_tokenizer()
+    fast = ref.smollm2_fast_tokenizer()
+    bridge = ref.boot_bridge(hf_llama_from_gguf(read_smollm2_gguf()), fast)
+    clean, corrupted = (torch.tensor([tokenizer.encode(t)]) for t in (CLEAN, CORRUPTED))
+    answer, other = (tokenizer.encode(t) for t in (ANSWER, OTHER))
+    assert clean.shape == corrupted.shape == (1, 9) and len(answer) == len(other) == 1
+    return SimpleNamespace(
+        ours=load_smollm2("hf", attention="reference"), bridge=bridge, tokenizer=tokenizer,
+        fast=fast, clean=clean, corrupted=corrupted,
+        metric=ref.logit_difference(answer[0], other[0]))
+
+
+@pytest.fixture(scope="module")
+def smollm2_runs(smollm2):
+    """One cached run of the clean prompt on each side."""
+    with torch.no_grad():
+        ours_out, ours_cache = run_with_cache(smollm2.ours, smollm2.clean)
+    tl_logits, tl_cache = ref.tl_run(smollm2.bridge, smollm2.clean)
+    return SimpleNamespace(logits=ours_out.logits, cache=ours_cache, tl_logits=tl_logits,
+                           tl_cache=tl_cache)
+
+
+def test_fast_tokenizer_is_smollm2s(smollm2):
+    """The fast tokenizer built from the GGUF (TL's needs one) gives tfbook's ids."""
+    for text in (CLEAN, "Digits 2024 split, spaces   and ünïcode\n\n", "it's 3.14\tx"):
+        assert smollm2.fast(text, add_special_tokens=False)["input_ids"] == \
+            smollm2.tokenizer.encode(text)
+
+
+def test_offline_hub_refuses_and_restores():
+    import huggingface_hub.constants as hub
+
+    before = hub.is_offline_mode()
+    with ref.offline_hub():
+        assert hub.is_offline_mode()
+    assert hub.is_offline_mode() == before
+
+
+def test_smollm2_every_hook_equals_transformer_lens(smollm2, smollm2_runs):
+    """30 blocks x 11 hook points: residual stream, q/k/v (before RoPE; 3 key/value heads,
+    not repeated), attention weights, each head's output before W_O, sub-layer outputs, the
+    SwiGLU hidden units; and the logits."""
+    r = smollm2_runs
+    assert close(r.logits, r.tl_logits)
+    names = hook_names(smollm2.ours)
+    assert len(names) == 30 * 11
+    assert_cache_equal(r.cache, r.tl_cache, names)
+    assert r.cache["blocks.4.attn.k"].shape == (1, 3, 9, 64)  # H_kv = 3 on both sides
+    assert r.tl_cache["blocks.4.attn.hook_k"].shape == (1, 9, 3, 64)
+
+
+def test_smollm2_residual_decomposition(smollm2_runs):
+    """The stream is the sum of what each sub-layer adds, on both sides (TL's
+    decompose_resid): embedding + sum of attn.out and ff.out = the last residual_post."""
+    r = smollm2_runs
+    parts = r.tl_cache.decompose_resid()  # (1 + 2L, B, T, C)
+    last = r.cache["blocks.29.residual_post"]
+    ours = r.cache["blocks.0.residual_pre"] + sum(
+        r.cache[f"blocks.{i}.{p}"] for i in range(30) for p in ("attn.out", "ff.out"))
+    # 61 float32 terms summed in two orders: within 61 eps of the sum of their magnitudes
+    eps = torch.finfo(torch.float32).eps
+    assert ((ours - last).abs() <= 61 * eps * parts.abs().sum(0)).all()
+    assert close(parts.sum(0), last, scale=parts.abs().sum(0))
+
+
+# rows of TL's patching index: (layer, position), (layer, head) or (layer, key/value head)
+SMOLLM2_PATCHES = {
+    "resid_pre": ("residual_pre", [(0, 1), (12, 3), (28, 8)]),
+    "head_out": ("attn.heads", [(3, 0), (23, 4), (29, 1)]),
+    "head_q": ("attn.q", [(15, 8), (23, 4)]),
+    "head_k": ("attn.k", [(15, 2), (23, 1)]),
+    "head_v": ("attn.v", [(3, 0), (23, 1)]),
+}
+
+
+@pytest.mark.parametrize("kind", SMOLLM2_PATCHES)
+def test_smollm2_patching_equals_transformer_lens(smollm2, kind):
+    """Clean activations patched into the corrupted run, one place at a time, restore the
+    logit difference " Paris" - " Rome" as TL's `patching.get_act_patch_*` measures it.
+    A query, key or value head is patched at every position (TL's *_all_pos); a key/value
+    head is one of the 3 that 3 query heads each read."""
+    point, rows = SMOLLM2_PATCHES[kind]
+    s = smollm2
+    theirs = ref.tl_patch(s.bridge, kind, s.clean, s.corrupted, s.metric, rows=rows)
+    with torch.no_grad():
+        _, clean_cache = run_with_cache(s.ours, s.clean, names=f"*.{point}")
+        ours, scale = [], 0.0
+        for layer, index in rows:
+            where = {"positions": [index]} if kind == "resid_pre" else {"heads": [index]}
+            with hooks(s.ours, {f"blocks.{layer}.{point}": patch(clean_cache, **where)}):
+                logits = s.ours(s.corrupted).logits
+            ours.append(s.metric(logits).item())
+            scale = max(scale, logit_gap_bound(logits))
+    assert torch.allclose(torch.tensor(ours), theirs, rtol=0, atol=scale)
+    # the patches matter: each row moves the metric away from the unpatched corrupted run
+    with torch.no_grad():
+        baseline = s.metric(s.ours(s.corrupted).logits).item()
+    assert (theirs - baseline).abs().max() > 100 * scale
+
+
+# --- a tiny random Llama: whole patching grids, compatibility mode ---------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A random 2-layer Llama (4 query heads, 2 key/value heads, norm weights around 1) as
+    tfbook's GPT and inside TL's bridge, and a clean/corrupted pair of 10 tokens."""
+    hf = ref.tiny_hf_llama(seed=0)
+    ours = tfbook_from_hf_llama(hf, attention="reference")  # before the bridge rewires hf
+    bridge = ref.boot_bridge(hf, ref.numbered_tokenizer(256))
+    clean = torch.randint(3, 256, (1, 10), generator=torch.Generator().manual_seed(1))
+    corrupted = clean.clone()
+    corrupted[0, 4] = (corrupted[0, 4] + 7) % 256
+    return SimpleNamespace(ours=ours, bridge=bridge, clean=clean, corrupted=corrupted,
+                           metric=ref.logit_difference(5, 7))
+
+
+def test_tiny_every_hook_equals_transformer_lens(tiny):
+    ids = torch.randint(0, 256, (3, 10), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out, cache = run_with_cache(tiny.ours, ids)
+    tl_logits, tl_cache = ref.tl_run(tiny.bridge, ids)
+    assert close(out.logits, tl_logits)
+    assert_cache_equal(cache, tl_cache, hook_names(tiny.ours))
+
+
+# TL's full grid -> tfbook's hook point and what the grid's second axis indexes
+TINY_GRIDS = {"resid_pre": ("residual_pre", "positions"), "attn_out": ("attn.out", "positions"),
+              "mlp_out": ("ff.out", "positions"), "head_out": ("attn.heads", "heads"),
+              "head_q": ("attn.q", "heads"), "head_k": ("attn.k", "heads"),
+              "head_v": ("attn.v", "heads")}
+
+
+@pytest.mark.parametrize("kind", TINY_GRIDS)
+def test_tiny_patching_grid_equals_transformer_lens(tiny, kind):
+    """Every (layer, position) or (layer, head) of TL's grid; key/value grids have H_kv = 2
+    columns, the others H = 4 or T = 10."""
+    point, axis = TINY_GRIDS[kind]
+    theirs = ref.tl_patch(tiny.bridge, kind, tiny.clean, tiny.corrupted, tiny.metric)
+    width = {"positions": 10, "heads": 2 if kind in ("head_k", "head_v") else 4}[axis]
+    assert theirs.shape == (2, width)
+    ours = torch.empty(2, width)
+    bound = 0.0
+    with torch.no_grad():
+        _, clean_cache = run_with_cache(tiny.ours, tiny.clean, names=f"*.{point}")
+        for layer in range(2):
+            for index in range(width):
+                fn = patch(clean_cache, **{axis: [index]})
+                with hooks(tiny.ours, {f"blocks.{layer}.{point}": fn}):
+                    logits = tiny.ours(tiny.corrupted).logits
+                ours[layer, index] = tiny.metric(logits)
+                bound = max(bound, logit_gap_bound(logits))
+    assert torch.allclose(ours, theirs, rtol=0, atol=bound)
+    assert theirs.max() - theirs.min() > 100 * bound  # some places matter, others do not
+
+
+def test_tiny_zero_ablation_equals_transformer_lens(tiny):
+    """Zeroing head 1 of layer 0 (its output before W_O) through tfbook's `zero` and
+    through a TL hook on hook_z gives the same logits."""
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, :, 1] = 0.0  # TL: (B, T, H, D)
+        return z
+
+    with torch.no_grad():
+        theirs = tiny.bridge.run_with_hooks(tiny.clean,
+                                            fwd_hooks=[("blocks.0.attn.hook_z", zero_head)])
+        with hooks(tiny.ours, {"blocks.0.attn.heads": zero(heads=[1])}):
+            ours = tiny.ours(tiny.clean).logits
+        plain = tiny.ours(tiny.clean).logits
+    assert close(ours, theirs)
+    assert (ours - plain).abs().max() > 1e3 * HF_RELATIVE_BOUND * plain.abs().max()
+
+
+def test_compatibility_mode_folds_norms_and_centres_the_unembedding(tiny):
+    """What `enable_compatibility_mode()` changes on a Llama: the logits lose their mean over
+    the vocabulary at each position (W_U centred), so softmax is unchanged; the residual
+    stream is unchanged (RMSNorm: no centring of writing weights); a norm's output lacks its
+    weight, which moved into the matrices that read it."""
+    compat = ref.boot_bridge(ref.tiny_hf_llama(seed=0), ref.numbered_tokenizer(256),
+                             compatibility=True)
+    ids = tiny.clean
+    logits, cache = ref.tl_run(tiny.bridge, ids)
+    c_logits, c_cache = ref.tl_run(compat, ids)
+    centred = logits - logits.mean(-1, keepdim=True)
+    assert close(c_logits, centred, scale=logits)
+    assert (logits.mean(-1)).abs().max() > 1e3 * HF_RELATIVE_BOUND * logits.abs().max()
+    assert close(c_logits.log_softmax(-1), logits.log_softmax(-1), scale=logits)
+    for name in ("blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"):
+        assert close(c_cache[name], cache[name])
+    weight = tiny.ours.blocks[1].norm1.weight
+    assert close(c_cache["blocks.1.ln1.hook_out"] * weight, cache["blocks.1.ln1.hook_out"])
+    assert not close(c_cache["blocks.1.ln1.hook_out"], cache["blocks.1.ln1.hook_out"])
+
+
+# --- nnsight on tfbook's small GPT -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig.tiny()).eval()
+
+
+def test_nnsight_saves_and_overwrites_what_tfbook_hooks_do(small_gpt):
+    """NNsight(model) traces the plain torch module: block 1's saved output is tfbook's
+    blocks.1.residual_post; a clean block output written into a corrupted run equals
+    tfbook's `patch`; zeroing it equals tfbook's `zero`. Bit for bit: the same code runs."""
+    traced_model = copy.deepcopy(small_gpt)  # NNsight rewraps every module's forward
+    g = torch.Generator().manual_seed(3)
+    clean = torch.randint(0, 256, (2, 12), generator=g)
+    corrupted = torch.randint(0, 256, (2, 12), generator=g)
+    with pinned_threads(1), torch.no_grad():
+        saved, logits = ref.nnsight_block_output(traced_model, clean, 1)
+        # only the residual stream is watched: watching attn.weights would switch attention
+        # to the reference kernel, the nnsight run kept torch's
+        out, cache = run_with_cache(small_gpt, clean, names=["blocks.1.residual_post"])
+        assert torch.equal(saved, cache["blocks.1.residual_post"])
+        assert torch.equal(logits, out.logits)
+
+        clean_h, _ = ref.nnsight_block_output(traced_model, clean, 0)
+        patched = ref.nnsight_replace_block_output(traced_model, corrupted, 0, lambda x: clean_h)
+        _, clean_cache = run_with_cache(small_gpt, clean, names=["blocks.0.residual_post"])
+        with hooks(small_gpt, {"blocks.0.residual_post": patch(clean_cache)}):
+            assert torch.equal(patched, small_gpt(corrupted).logits)
+
+        zeroed = ref.nnsight_replace_block_output(traced_model, clean, 1, torch.zeros_like)
+        with hooks(small_gpt, {"blocks.1.residual_post": zero()}):
+            assert torch.equal(zeroed, small_gpt(clean).logits)
+        assert not torch.equal(zeroed, out.logits)
+    assert not any(p._forward_hooks or p._forward_pre_hooks
+                   for p in hook_points(small_gpt).values())
