@@ -33,7 +33,6 @@ import sys
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # before torch starts its thread pool
 
 import json  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -45,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_explorer import summary  # noqa: E402  (median, range and every value)
 from bench_model import machine  # noqa: E402
 
 from tests.browser import CHROMIUM_ARGS, chromium_path, serve, watch, widget_page  # noqa: E402
@@ -62,13 +62,6 @@ TEXTS = [
 ]
 FIRST_DRAWS, CLICKS = 9, 30
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
-
-
-def summary(times: list[float]) -> dict:
-    """Median, range and every value (ms, to 0.01 ms)."""
-    times = [round(t, 2) for t in times]
-    return {"median": statistics.median(times), "min": min(times), "max": max(times),
-            "n": len(times), "all": times}
 
 
 def stand_in_scores(weights: list[torch.Tensor]) -> dict[str, torch.Tensor]:

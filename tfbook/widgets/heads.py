@@ -39,6 +39,7 @@ from tfbook.models.gpt import GPT
 from tfbook.tokenizers.base import Tokenizer
 from tfbook.widgets.attention import AttentionExample, pack_maps, quantise_maps, truncation_note
 from tfbook.widgets.base import STATIC, Widget, _text_to_page, check_typed, page_text
+from tfbook.widgets.explorer import _check_decoder
 from tfbook.widgets.page_model import (
     check_dtype,
     gpt_js_script_safe,
@@ -95,9 +96,7 @@ def check_text(text: object) -> str:
 
 
 def _check_model(model: object, tokenizer: object) -> None:
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a tfbook decoder (tfbook.models.gpt.GPT: the trained "
-                        f"GPT, SmolLM2, a GPTConfig preset), got {type(model).__name__}")
+    _check_decoder(model)  # the model explorer's check: any tfbook decoder
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer must be a tfbook tokenizer (tfbook.tokenizers), got "
                         f"{type(tokenizer).__name__}")

@@ -25,7 +25,7 @@ const HEADS_STYLE = `
 .tfw-heads .tfw-body { display: flex; flex-wrap: wrap; gap: 12px; align-items: flex-start; }
 .tfw-heads .tfw-gridbox { max-height: 420px; overflow: auto; flex: 0 1 auto; max-width: 100%;
   border: 1px solid #ddd; }
-.tfw-heads .tfw-hgrid { display: grid; gap: 1px; padding: 0 2px 2px 0; }
+.tfw-heads .tfw-hgrid { display: inline-grid; gap: 1px; padding: 0 2px 2px 0; vertical-align: top; }
 .tfw-heads .tfw-hgrid:focus { outline: none; }
 .tfw-heads .tfw-hgrid:focus-visible .tfw-cell.tfw-on { outline: 3px solid #c000c0; }
 .tfw-heads .tfw-hrow { display: contents; }
@@ -45,8 +45,9 @@ const HEADS_STYLE = `
 .tfw-heads .tfw-readout { min-height: 2.8em; font-size: 12px; }
 .tfw-heads .tfw-patternbox { overflow-x: auto; max-width: 100%; }
 .tfw-heads .tfw-heat { display: grid; }
-.tfw-heads .tfw-corner { font-size: 12px; color: #666; display: flex; align-items: flex-end;
-  justify-content: flex-end; text-align: right; padding: 0 4px 2px 0; line-height: 1.2; }
+.tfw-heads .tfw-corner { font-size: 12px; color: #666; display: flex; flex-direction: column;
+  justify-content: flex-end; align-items: flex-end; padding: 0 4px 2px 0; line-height: 1.2;
+  white-space: nowrap; }
 .tfw-heads .tfw-keys, .tfw-heads .tfw-queries, .tfw-heads .tfw-mapbox { position: relative; }
 .tfw-heads .tfw-keys span, .tfw-heads .tfw-queries span { position: absolute; font: 12px monospace;
   white-space: pre; overflow: hidden; text-overflow: ellipsis; color: #333; }
@@ -151,7 +152,7 @@ function render({ model, el: element }) {
 
   // --- the pattern of the selected head -------------------------------------------------------
   const said = el("div", { class: "tfw-said", "aria-live": "polite" });
-  const corner = el("span", { class: "tfw-corner" }, "query ↓ key →");
+  const corner = el("span", { class: "tfw-corner" }, el("span", {}, "query ↓"), el("span", {}, "key →"));
   const keys = el("div", { class: "tfw-keys", "aria-hidden": "true" });
   const queries = el("div", { class: "tfw-queries", "aria-hidden": "true" });
   const canvas = el("canvas", { width: 1, height: 1, role: "img" });
@@ -307,8 +308,10 @@ function render({ model, el: element }) {
     const T = c.T;
     const step = Math.ceil(LABEL_PX / cell);
     const texts = c.meta.tokens.map(shownToken);
+    // the key labels stand above the map, as tall as the query labels are wide, and tall
+    // enough for the corner's two lines
     heat.style.gridTemplateColumns = `${labelWidth}px ${T * cell + 2}px`;
-    heat.style.gridTemplateRows = `${labelWidth}px ${T * cell + 2}px`;
+    heat.style.gridTemplateRows = `${Math.max(labelWidth, 36)}px ${T * cell + 2}px`;
     const keySpans = [], querySpans = [];
     for (let t = 0; t < T; t += step) {
       const middle = 1 + t * cell + cell / 2 - LABEL_PX / 2;
@@ -324,7 +327,7 @@ function render({ model, el: element }) {
 
   function drawPattern(c) {
     const longest = Math.max(1, ...c.meta.tokens.map((t) => shownToken(t).length));
-    const labelWidth = Math.max(28, Math.min(84, 8 * longest + 8));
+    const labelWidth = Math.max(58, Math.min(84, 8 * longest + 8));  // room for "query ↓"
     const cell = cellFor(c.T, labelWidth);
     const what = `${c.key}:${c.layer}:${c.head}:${cell}`;
     if (shown.pattern === what) return false;
@@ -575,7 +578,15 @@ function render({ model, el: element }) {
           "chapter in Jupyter); the texts in the menu were computed when the page was made";
     node.dataset.mode = python ? "python" : page ? "page" : "static";
   }
-  watchLive(model, (isLive) => { live = isLive; drawMode(); });
+  watchLive(model, (isLive) => {
+    live = isLive;
+    if (inPython() && typed) {  // Python runs the reader's text from now on
+      typed = null;
+      pick({ example: Math.min(model.get("example"), metas().length - 1) });
+    }
+    drawMode();
+    draw();
+  });
 
   for (const name of ["data", "examples", "offsets", "example", "layer", "head", "score",
                       "scores", "score_names", "title", "error"]) {
