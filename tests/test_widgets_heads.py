@@ -191,6 +191,11 @@ def test_bad_examples_and_texts_are_clear_errors() -> None:
     cross = AttentionExample("x", ["a", "b"], torch.full((3, 2, 2, 3), 1 / 3), ["p", "q", "r"])
     with pytest.raises(ValueError, match="shows self-attention, got cross-attention"):
         HeadExplorer(scores, [cross])
+    empty = AttentionExample("empty", [], torch.zeros(3, 2, 0, 0))
+    with pytest.raises(ValueError, match="has no tokens"):
+        HeadExplorer(scores, [empty])
+    with pytest.raises(ValueError, match=r"layer must be an int in \[0, 3\), got 3"):
+        HeadExplorer(scores, [example()]).pattern(0, 3, 0)
     with pytest.raises(TypeError, match="has no model attached"):
         HeadExplorer(scores, [example()]).compute(text="hi")
     wrong = HeadExplorer(scores, [example()], run=lambda text: "not an example")

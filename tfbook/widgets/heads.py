@@ -293,6 +293,8 @@ class HeadExplorer(Widget):
     def _set_examples(self, examples: list[AttentionExample]) -> None:
         chunks, meta, offsets, offset = [], [], [], 0
         for e in examples:
+            if isinstance(e.tokens, Sequence) and len(e.tokens) == 0:  # before as_4d's checks
+                raise ValueError(f"example {e.name!r:.40} has no tokens: give it a text")
             w = e.as_4d()
             if e.source_tokens is not None:
                 raise ValueError(f"example {e.name!r:.40}: the head explorer shows "
@@ -329,6 +331,11 @@ class HeadExplorer(Widget):
 
     def pattern(self, example: int, layer: int, head: int) -> np.ndarray:
         """The (T, T) bytes the page draws for one head of one example (round(255 w))."""
+        L, H = self._shape
+        for what, value, n in (("example", example, len(self._examples)), ("layer", layer, L),
+                               ("head", head, H)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+                raise ValueError(f"{what} must be an int in [0, {n}), got {value!r:.40}")
         w = self._examples[example].as_4d()[layer, head]
         return quantise_maps(w)
 

@@ -155,7 +155,9 @@ function render({ model, el: element }) {
   const corner = el("span", { class: "tfw-corner" }, el("span", {}, "query ↓"), el("span", {}, "key →"));
   const keys = el("div", { class: "tfw-keys", "aria-hidden": "true" });
   const queries = el("div", { class: "tfw-queries", "aria-hidden": "true" });
-  const canvas = el("canvas", { width: 1, height: 1, role: "img" });
+  // the default 300 x 150 until the first pattern is painted (the book's page test waits
+  // for every canvas to leave that size)
+  const canvas = el("canvas", { role: "img" });
   const rowMark = el("div", { class: "tfw-mark" });
   const colMark = el("div", { class: "tfw-mark" });
   const mapBox = el("div", { class: "tfw-mapbox" }, canvas, rowMark, colMark);
