@@ -189,6 +189,10 @@ def hook_points(model_or_trace: nn.Module | Trace, layer: int,
         raise ValueError(f"{block} has the hook points {suffixes}; this figure places "
                          f"{list(HOOK_TENSORS)}")
     tensors = {n: hook_tensor(block, s, tr) for n, s in zip(names, suffixes, strict=True)}
+    vertices = {tr.flow.vertex(t) for t in tensors.values()}
+    if len(vertices) != len(tensors):  # two marks on one tensor: the table is wrong
+        raise RuntimeError(f"two hook points of {block} are said to hold one tensor: "
+                           f"{tensors}")
     wide, carriers = _hooks_canvas(tr, block, names, below=False)
     narrow, _ = _hooks_canvas(tr, block, names, below=True)
     d = Diagram(wide, narrow=[narrow])
@@ -537,7 +541,7 @@ def _patching_canvas(clean: list[str], corrupted: list[str], answers: list[str],
     copy_y = y + 34
     c.arrow(x_l, g1.bottom + 2, x_l, copy_y + 10, colour=HOOK_COLOUR, width=2.5,
             edge="the copy: a hook puts the clean run's activation in the corrupted run")
-    side_right = x_l + 10 + text_width("copy", SMALL) <= x_grid + grid_w + 60
+    side_right = x_l + 10 + text_width("copy", SMALL) <= width
     c.text(x_l + 10 if side_right else x_l - 10, y + 20, "copy", SMALL, bold=True,
            anchor="start" if side_right else "end")
     g2 = grid(copy_y + 14, corrupted, "corrupted run, with the copy", True)
