@@ -170,6 +170,7 @@ class PatchingResult:
     corrupted: float  # the metric on the corrupted run, nothing patched
     method: str  # "activation" or "attribution"
     cpu_seconds: float  # process CPU time the sweep took
+    forward_passes: int  # the forward passes it ran, the clean and corrupted runs included
 
     @property
     def restored(self) -> Tensor:
@@ -377,7 +378,9 @@ def activation_patching(
     clean, corrupted: token ids of equally many tokens, (T,) or (B, T). metric(logits (B, T, V))
     -> (B,) or (): averaged over the B prompts. layers: the rows to sweep (default all).
     labels: one per position (e.g. the tokens). batch_size: patched copies per forward pass
-    (default: all of a layer's cells in one pass).
+    (default: all of a layer's cells in one pass). A cell whose clean and corrupted tensors
+    are equal (a position before the first token the prompts differ in) is not run: the
+    patch changes nothing there, so its value is the corrupted run's metric.
     """
     start = time.process_time()
     s = _check(model, clean, corrupted, metric, [what], layers, labels)
@@ -389,24 +392,29 @@ def activation_patching(
     with torch.no_grad():
         out, cache = run_with_cache(model, s.clean, names=names)
         clean_m = _score(metric, _logits(out), B)
-        corrupted_m = _score(metric, _logits(model(s.corrupted)), B)
+        out, corrupted_cache = run_with_cache(model, s.corrupted, names=names)
+        corrupted_m = _score(metric, _logits(out), B)
     axis, col_labels = _columns(what, cache[names[0]], s.labels)
     n = cache[names[0]].size(axis)
     col_labels = _axis_labels(what, model, names, n) or col_labels
-    values = torch.zeros(len(names), n, dtype=torch.float64)
-    step = n if batch_size is None else int(batch_size)
+    values = torch.full((len(names), n), float(corrupted_m), dtype=torch.float64)
     bar = tqdm(names, desc=f"patching {what}", disable=not progress, file=sys.stderr)
+    passes = 2
     with torch.no_grad():
         for row, name in enumerate(bar):
             source = cache[name]  # (B, ...): the clean run's tensor
-            for first in range(0, n, step):
-                cells = list(range(first, min(first + step, n)))
+            differ = [i for i in range(n) if not torch.equal(
+                source.select(axis, i), corrupted_cache[name].select(axis, i))]
+            step = len(differ) if batch_size is None else int(batch_size)
+            for first in range(0, len(differ), max(step, 1)):
+                cells = differ[first:first + step]
                 logits = _patched_run(model, s.corrupted, name, source, axis, cells)
+                passes += 1
                 for j, cell in enumerate(cells):  # rows j*B .. j*B+B-1: cell `cell` patched
                     values[row, cell] = _score(metric, logits[j * B:(j + 1) * B], B)
     return PatchingResult(values, what, ("layer", WHAT[what]), s.layers, col_labels,
                           float(clean_m), float(corrupted_m), "activation",
-                          time.process_time() - start)
+                          time.process_time() - start, passes)
 
 
 def _patched_run(model: nn.Module, corrupted: Tensor, name: str, source: Tensor, axis: int,
@@ -528,5 +536,5 @@ def attribution_patching(
         values = float(corrupted_m) + torch.stack(rows)  # (L, N)
         results[w] = PatchingResult(values, w, ("layer", WHAT[w]), s.layers, col_labels,
                                     float(clean_m), float(corrupted_m), "attribution",
-                                    time.process_time() - start)
+                                    time.process_time() - start, 2)
     return results[what] if isinstance(what, str) else results
