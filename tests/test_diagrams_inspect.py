@@ -95,6 +95,8 @@ def test_names_and_shapes_are_the_models(which: str, layer: int) -> None:
     kv = letters(d.shape_labels[f"blocks.{layer}.attn.k"])
     assert kv[1] == ("H_kv" if at.n_kv_heads != at.n_heads else "H")
     assert letters(d.shape_labels[f"blocks.{layer}.ff.hidden"]) == ["B", "T", "F"]
+    act = m.config.activation  # the FFN's box names the model's activation
+    assert (f"{act}(x W1)" if m.config.ffn == "mlp" else f"{act}(x Wgate) × x W1") in texts
     assert d.wired
     # the same figure from a trace
     assert hook_points(trace(m, x), layer).svg == d.svg
@@ -321,6 +323,8 @@ def test_bad_input_is_refused() -> None:
                            d_ff=32)).eval()
     with pytest.raises(ValueError, match="post-LN SelfAttentionBlock"):
         hook_points(bert, 0, ids())
+    with pytest.raises(ValueError, match="causal decoder .* got a Bert"):
+        patching_setup(**{**ok, "model": bert})
 
 
 # --- sizes, and a look in Chromium --------------------------------------------------------
@@ -368,6 +372,11 @@ TEXTS_JS = """(box) => {
                   bottom: r.bottom, mark: (t.getAttribute('style') || '').includes('#fff'),
                   px: parseFloat(getComputedStyle(t).fontSize) * Math.sqrt(m.a * m.d)});
     }
+    for (const d of svg.querySelectorAll('circle')) {  // the marks and the adders
+      const r = d.getBoundingClientRect();
+      texts.push({text: 'a disc', left: r.left, right: r.right, top: r.top, bottom: r.bottom,
+                  disc: true, mark: true, px: 99});
+    }
     for (const l of svg.querySelectorAll('polyline, line')) {
       const m = l.getScreenCTM();
       const at = (k) => +l.getAttribute(k);
@@ -379,6 +388,13 @@ TEXTS_JS = """(box) => {
   }
   return {texts, segments, scroll: box.scrollWidth, client: box.clientWidth};
 }"""
+
+
+def inside(a: dict, b: dict) -> bool:
+    """Whether the centre of one of a disc and a text lies inside the other's rectangle."""
+    disc, text = (a, b) if a.get("disc") else (b, a)
+    x, y = (text["left"] + text["right"]) / 2, (text["top"] + text["bottom"]) / 2
+    return disc["left"] < x < disc["right"] and disc["top"] < y < disc["bottom"]
 
 
 def crosses(seg, box, inset: float = 1.5) -> bool:
@@ -415,11 +431,15 @@ def test_no_text_overlaps_and_no_line_crosses_text_in_chromium(browser, drawn, t
         assert m["scroll"] <= m["client"] + 1, (name, width, m["scroll"], m["client"])
         texts = m["texts"]
         assert len(texts) > 20 and min(t["px"] for t in texts) >= 12 - 0.01, (name, width)
+        discs = sum(bool(t.get("disc")) for t in texts)
+        assert discs == (24 if name.startswith("hooks") else 0), (name, discs)
         for i, a in enumerate(texts):
             for b in texts[i + 1:]:
+                if a.get("disc") != b.get("disc") and inside(a, b):
+                    continue  # a disc's own number or symbol
                 overlap = (min(a["right"], b["right"]) - max(a["left"], b["left"]) > 0.5
                            and min(a["bottom"], b["bottom"]) - max(a["top"], b["top"]) > 0.5)
-                assert not overlap, (name, width, a["text"], b["text"])
+                assert not overlap, (name, width, a["text"], b["text"], a["left"], b["left"])
         for t in texts:
             if t["mark"]:  # a mark's number sits on its disc, drawn over the stream's line
                 continue

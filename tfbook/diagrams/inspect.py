@@ -163,6 +163,20 @@ def _rect(c: Canvas, x: float, y: float, w: float, h: float, style: str) -> None
     c._extend(x, y, x + w, y + h)
 
 
+def _activation_name(fn: object) -> str:
+    """The name an FFN's activation has in `tfbook.feedforward.ACTIVATIONS` ("gelu_tanh" for
+    torch's fused tanh GELU, a lambda), or "act" for a function of the reader's own."""
+    from tfbook.feedforward import ACTIVATIONS, activation
+
+    code = getattr(fn, "__code__", None)
+    for name in ACTIVATIONS:
+        for fused in (True, False):
+            known = activation(name, fused)
+            if known is fn or (code is not None and getattr(known, "__code__", None) is code):
+                return name
+    return "act"
+
+
 def hook_points(model_or_trace: nn.Module | Trace, layer: int,
                 ids: Tensor | None = None) -> Diagram:
     """One pre-LN decoder block with a numbered mark where each hook point's tensor lives.
@@ -208,8 +222,7 @@ def _hooks_canvas(tr: Trace, block: str, names: list[str], below: bool
     number = {n[len(block) + 1:]: i + 1 for i, n in enumerate(names)}  # firing order, from 1
     flow = {s: hook_tensor(block, s, tr) for s in number}
     ff = tr.module(child("ff"))
-    act = getattr(ff.act, "__name__", "act")
-    act = act if act and not act.startswith("<") else "act"
+    act = _activation_name(ff.act)
     c = Canvas(f"Hook points of {block}, numbered in the order they fire")
     carriers: dict[str, tuple[str, object]] = {}
     on_stream: list[tuple[float, int]] = []
@@ -247,7 +260,7 @@ def _hooks_canvas(tr: Trace, block: str, names: list[str], below: bool
     x_in, x_mid, x_out = flow["residual_pre"], flow["residual_mid"], flow["residual_post"]
 
     top = draw(c, Node("residual stream x", kind="stream", flow=x_in), cx / 2, 0)
-    y = top.bottom + 34
+    y = top.bottom + 38
     mark_stream("residual_pre", top.bottom + 15, (x_in, x_mid))
 
     def read(y: float, source: str, target: Node) -> float:
@@ -293,7 +306,7 @@ def _hooks_canvas(tr: Trace, block: str, names: list[str], below: bool
     bus_from = add(ro, out, (x_in, x_mid), top.bottom)
     mark_stream("residual_mid", bus_from + 17, (x_mid, x_out))
     # the feed-forward network
-    y = read(bus_from + 34, x_mid, norm2)
+    y = read(bus_from + 40, x_mid, norm2)
     n2 = draw(c, norm2, cx, y, width)
     rf = down(n2, norm2, n2.bottom + 24, hidden)
     mark_box("ff.hidden", rf, hidden)
@@ -435,6 +448,12 @@ def patching_setup(model: nn.Module, clean: Sequence[str], corrupted: Sequence[s
     if not isinstance(model, nn.Module):
         raise TypeError(f"patching_setup needs the tfbook model patched, got "
                         f"{type(model).__name__}")
+    from tfbook.models.gpt import GPT
+
+    if not isinstance(model, GPT):
+        raise ValueError(f"patching_setup draws a causal decoder (a tfbook GPT, Llama-style "
+                         f"or not): which cells a copy can change follows the causal mask; "
+                         f"got a {type(model).__name__}")
     clean, corrupted = _tokens("clean", clean), _tokens("corrupted", corrupted)
     if len(clean) != len(corrupted):
         raise ValueError(f"patching copies an activation position by position: the clean and "
