@@ -185,7 +185,9 @@ def hook_points(model_or_trace: nn.Module | Trace, layer: int,
     to trace it on. The hook names are the model's own (`hook_names`, numbered in the order
     they fire), each with its traced shape in the legend. Every mark sits on the box or the
     stretch of stream that holds its tensor, and every arrow is a dependency of the traced
-    pass. On a phone the legend goes under the block.
+    pass. On a phone the legend goes under the block. The Diagram also carries
+    `hook_tensors` (hook name -> the dataflow's name of its tensor) and `hook_carriers` (the
+    part of the drawing each mark sits on: ("box", tensor) or ("edge", (source, result))).
     """
     from tfbook.inspect import hook_names
 
@@ -441,7 +443,8 @@ def patching_setup(model: nn.Module, clean: Sequence[str], corrupted: Sequence[s
     "residual_pre" for a position, "attn.heads" for a head); `position` and `head` say where
     the copy goes (None: every position; every head). The cells the copy can change are
     shaded (`changed_cells`); the captions say what is copied and whether it can reach the
-    metric.
+    metric. The Diagram also carries `hook` (the hook name patched), `differ` (the positions
+    whose tokens differ) and `changed` (the (block, position) cells shaded).
     """
     from tfbook.inspect import hook_names
 
