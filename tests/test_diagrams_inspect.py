@@ -1,7 +1,7 @@
 """The figures of Part VII (tfbook.diagrams.inspect): the hook points of a block and the set-up
 of activation patching, held against the models they draw.
 
-- hook_points: the names and shapes are the model's (hook_names, run_with_cache), every mark
+- hook_point_marks: the names and shapes are the model's (hook_names, run_with_cache), every mark
   sits on its tensor (the recorder's tensor under the mark's name equals the hook point's in
   the same pass), and the arrows are the traced dependencies;
 - patching_setup: the cells it shades as "can change" are exactly the block outputs that a
@@ -22,7 +22,7 @@ import tests.diagram_helpers as helpers
 import tfbook.diagrams.inspect as inspect_figures
 from tfbook.diagrams import Recorder, check_edges, trace
 from tfbook.diagrams.diagram import PHONE_COLUMN
-from tfbook.diagrams.inspect import changed_cells, hook_points, patching_setup, shown
+from tfbook.diagrams.inspect import changed_cells, hook_point_marks, patching_setup, shown
 from tfbook.diagrams.svg import SMALL
 from tfbook.inspect import hook_names, hooks, patch, run_with_cache
 from tfbook.models.gpt import GPT, GPTConfig
@@ -68,7 +68,7 @@ def letters(label: str) -> list[str]:
     return re.match(r"\(([^)]*)\) = ", label).group(1).split(", ")
 
 
-# --- hook_points --------------------------------------------------------------------------
+# --- hook_point_marks --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("which", MODELS)
 @pytest.mark.parametrize("layer", [0, 1])
@@ -76,7 +76,7 @@ def test_names_and_shapes_are_the_models(which: str, layer: int) -> None:
     """The legend lists the block's hook names as hook_names gives them, numbered in firing
     order, each with the shape of the tensor run_with_cache keeps there."""
     m, x = MODELS[which](), ids()
-    d = hook_points(m, layer, x)
+    d = hook_point_marks(m, layer, x)
     names = hook_names(m, f"blocks.{layer}.*")
     assert len(names) == 11
     _, cache = run_with_cache(m, x, names=names)
@@ -99,7 +99,7 @@ def test_names_and_shapes_are_the_models(which: str, layer: int) -> None:
     assert (f"{act}(x W1)" if m.config.ffn == "mlp" else f"{act}(x Wgate) × x W1") in texts
     assert d.wired
     # the same figure from a trace
-    assert hook_points(trace(m, x), layer).svg == d.svg
+    assert hook_point_marks(trace(m, x), layer).svg == d.svg
 
 
 @pytest.mark.parametrize("which", MODELS)
@@ -107,7 +107,7 @@ def test_each_mark_is_the_tensor_of_its_hook_point(which: str) -> None:
     """In one pass, the tensor the dataflow recorder names as a mark's tensor is the hook
     point's tensor, value for value, and no other hook point holds those values."""
     m, x = MODELS[which](), ids()
-    d = hook_points(m, 1, x)
+    d = hook_point_marks(m, 1, x)
     with Keeping(m) as rec:
         _, cache = run_with_cache(m, x, names=list(d.hook_tensors))
     for name, flow_name in d.hook_tensors.items():
@@ -125,7 +125,7 @@ def test_marks_sit_where_the_computation_puts_their_tensors(which: str) -> None:
     the stream is the sum of the input and attention's output; the heads feed W_O."""
     m, x = MODELS[which](), ids()
     tr = trace(m, x)
-    d = hook_points(tr, 0)
+    d = hook_point_marks(tr, 0)
     shown_tensors = {n for e in d.edges for n in e}
     for name, (kind, where) in d.hook_carriers.items():
         tensor = d.hook_tensors["blocks.0." + name]
@@ -155,12 +155,12 @@ def test_a_mark_on_the_wrong_tensor_is_refused(monkeypatch) -> None:
     table["residual_mid"], table["residual_post"] = table["residual_post"], table["residual_mid"]
     monkeypatch.setattr(inspect_figures, "HOOK_TENSORS", table)
     with pytest.raises(RuntimeError, match="mark of residual|disagree with the computation"):
-        hook_points(MODELS["gpt"](), 0, ids())
+        hook_point_marks(MODELS["gpt"](), 0, ids())
     table = dict(inspect_figures.HOOK_TENSORS)
     table["attn.q"] = table["attn.k"]  # two marks on one tensor: the arrows alone allow it
     monkeypatch.setattr(inspect_figures, "HOOK_TENSORS", table)
     with pytest.raises(RuntimeError, match="two hook points of blocks.0 are said to hold"):
-        hook_points(MODELS["gpt"](), 0, ids())
+        hook_point_marks(MODELS["gpt"](), 0, ids())
 
 
 # --- patching_setup -----------------------------------------------------------------------
@@ -309,20 +309,20 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(TypeError, match="the tfbook model patched"):
         patching_setup(**{**ok, "model": "gpt2"})
     with pytest.raises(TypeError, match="layer must be an int"):
-        hook_points(m, True, ids())
+        hook_point_marks(m, True, ids())
     with pytest.raises(TypeError, match="needs the token ids"):
-        hook_points(m, 0)
+        hook_point_marks(m, 0)
     with pytest.raises(ValueError, match="not both"):
-        hook_points(trace(m, ids()), 0, ids())
+        hook_point_marks(trace(m, ids()), 0, ids())
     with pytest.raises(TypeError, match="tfbook.diagrams.Trace"):
-        hook_points("model", 0)
+        hook_point_marks("model", 0)
     from tfbook.models.bert import Bert, BertConfig
 
     torch.manual_seed(0)
     bert = Bert(BertConfig(vocab_size=256, max_len=16, n_layers=1, n_heads=2, d_model=16,
                            d_ff=32)).eval()
     with pytest.raises(ValueError, match="post-LN SelfAttentionBlock"):
-        hook_points(bert, 0, ids())
+        hook_point_marks(bert, 0, ids())
     with pytest.raises(ValueError, match="causal decoder .* got a Bert"):
         patching_setup(**{**ok, "model": bert})
 
@@ -333,8 +333,8 @@ def drawings() -> dict[str, object]:
     big, llama = smollm2_sized(), MODELS["llama"]()
     long = [t * 5 for t in CLEAN]
     return {
-        "hooks, SmolLM2 sizes": hook_points(big, 29, ids(n=12)),
-        "hooks, GPT": hook_points(MODELS["gpt"](), 0, ids()),
+        "hooks, SmolLM2 sizes": hook_point_marks(big, 29, ids(n=12)),
+        "hooks, GPT": hook_point_marks(MODELS["gpt"](), 0, ids()),
         "patching, SmolLM2 sizes": patching_setup(big, CLEAN, CORRUPTED, (" Mary", " John"),
                                                   17, position=-1, head=4, point="attn.q"),
         "patching, long tokens": patching_setup(

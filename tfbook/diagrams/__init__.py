@@ -64,7 +64,7 @@ from tfbook.diagrams.figures import (
 from tfbook.diagrams.flash import TileCall, flash_tiles, running_softmax
 from tfbook.diagrams.generation import kv_cache, trace_cache
 from tfbook.diagrams.inputs import bert_input, embedding_lookup
-from tfbook.diagrams.inspect import hook_points, patching_setup
+from tfbook.diagrams.inspect import hook_point_marks, patching_setup
 from tfbook.diagrams.layout import Node, Rect, column, draw, hstack, row, shape_label
 from tfbook.diagrams.learning import (
     data_parallel,
@@ -94,5 +94,5 @@ __all__ = [
     "trace_attention_backward", "bert_input", "embedding_lookup", "merge_tree",
     "TileCall", "flash_tiles", "running_softmax", "Dataflow", "Recorder", "check_edges",
     "dataflow", "rope_relative",
-    "hook_points", "patching_setup",
+    "hook_point_marks", "patching_setup",
 ]

@@ -1,11 +1,11 @@
 """Figures of Part VII (inside the model): where the hook points sit in a block, and the set-up
 of activation patching.
 
-    from tfbook.diagrams.inspect import hook_points, patching_setup
-    hook_points(model, 0, ids)         # block 0 with a numbered mark at each hook point
+    from tfbook.diagrams.inspect import hook_point_marks, patching_setup
+    hook_point_marks(model, 0, ids)         # block 0 with a numbered mark at each hook point
     patching_setup(model, clean, corrupted, (" Mary", " John"), layer=3, position=5)
 
-`hook_points` draws one pre-LN decoder block as the book's `block` figure does (the residual
+`hook_point_marks` draws one pre-LN decoder block as the book's `block` figure does (the residual
 stream as a vertical bus, each sub-layer reading from it and adding back), with attention and
 the feed-forward network opened up so that every hook point has a place: a numbered mark on
 the box or the stretch of stream that holds its tensor, and a legend with its name, read from
@@ -118,7 +118,7 @@ def _trace_of(model_or_trace: object, ids: object) -> Trace:
         return model_or_trace
     if isinstance(model_or_trace, nn.Module):
         if not isinstance(ids, Tensor):
-            raise TypeError(f"a model needs the token ids to trace it on, hook_points(model, "
+            raise TypeError(f"a model needs the token ids to trace it on, hook_point_marks(model, "
                             f"layer, ids); got ids={type(ids).__name__}")
         return trace(model_or_trace, ids)
     return _check_trace(model_or_trace, "model_or_trace")
@@ -177,7 +177,7 @@ def _activation_name(fn: object) -> str:
     return "act"
 
 
-def hook_points(model_or_trace: nn.Module | Trace, layer: int,
+def hook_point_marks(model_or_trace: nn.Module | Trace, layer: int,
                 ids: Tensor | None = None) -> Diagram:
     """One pre-LN decoder block with a numbered mark where each hook point's tensor lives.
 
@@ -196,7 +196,7 @@ def hook_points(model_or_trace: nn.Module | Trace, layer: int,
     block = blocks[_layer(layer, len(blocks))]
     kind = tr.kind(block)
     if kind != "SelfAttentionBlock" or not tr.module(block).norm_first:
-        raise ValueError(f"hook_points draws a pre-LN self-attention block (a decoder's), "
+        raise ValueError(f"hook_point_marks draws a pre-LN self-attention block (a decoder's), "
                          f"{block!r} is a {'post-LN ' if kind == 'SelfAttentionBlock' else ''}"
                          f"{kind}")
     names = hook_names(tr.model, block + ".*")
@@ -619,5 +619,5 @@ def _layer_axis(c: Canvas, y: float, x_grid: float, cell_w: float, n_layers: int
         c.text(x, y, str(m), SMALL, mono=True, bold=m == layer)
 
 
-__all__ = ["HOOK_TENSORS", "changed_cells", "hook_points", "hook_tensor", "patching_setup",
+__all__ = ["HOOK_TENSORS", "changed_cells", "hook_point_marks", "hook_tensor", "patching_setup",
            "shown"]
