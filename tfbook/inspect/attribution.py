@@ -179,6 +179,10 @@ def direct_logit_attribution(model: nn.Module, cache: Mapping[str, Tensor],
     parts, labels = final_stream_parts(model, cache, position)  # (N, B, C) float64
     x_L = cache[f"blocks.{L - 1}.residual_post"][:, position]  # (B, C) float32
     B = x_L.size(0)
+    for what, ids in (("target", target), ("other", other)):
+        if ids is not None and _ids(ids, W_U.size(0), what).shape not in ((), (B,)):
+            raise ValueError(f"{what} must be one id or one id per sequence ({B},), got shape "
+                             f"{tuple(ids.shape)}")
     u = logit_direction(model, target, other).double().expand(B, -1)  # (B, C)
     s = norm_scale(norm, x_L.double())  # (B, 1), the frozen scale
     v = u * norm.weight.double() / s  # (B, C): c . v = linearised_norm(c) . u ...
