@@ -42,3 +42,25 @@ def readout_bound(h: Tensor, W: Tensor) -> Tensor:
     exact one: 2 (gamma_C + gamma_{C+8}) |h| |W|^T."""
     C = h.size(-1)
     return 2 * (gamma(C) + gamma(C + 8)) * (h.double().abs() @ W.double().abs().T)
+
+
+def tiny_run(kind: str, names_of, batch: int, seed: int):
+    """(model, ids (batch, 9), output, cache of names_of(model)) of `tiny_decoder(kind)`."""
+    from tfbook.inspect import run_with_cache
+
+    model = tiny_decoder(kind)
+    ids = torch.randint(0, 256, (batch, 9), generator=torch.Generator().manual_seed(seed))
+    out, cache = run_with_cache(model, ids, names=names_of(model))
+    return model, ids, out, cache
+
+
+def eiffel_run(names_of):
+    """(SmolLM2, its tokenizer, ids, output, cache of names_of(model)) on the factual prompt
+    "The Eiffel Tower is in the city of" (the answer " Paris")."""
+    from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer
+    from tfbook.inspect import run_with_cache
+
+    model, tok = load_smollm2(), load_smollm2_tokenizer()
+    ids = torch.tensor([tok.encode("The Eiffel Tower is in the city of")])
+    out, cache = run_with_cache(model, ids, names=names_of(model))
+    return model, tok, ids, out, cache

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from tests.inspect_models import U, gamma, readout_bound, tiny_decoder
-from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer
+from tests.inspect_models import U, eiffel_run, gamma, readout_bound, tiny_run
 from tfbook.inspect import run_with_cache
 from tfbook.inspect.attribution import (
     Attribution,
@@ -20,17 +19,12 @@ KINDS = ("gpt", "llama")
 @pytest.fixture(scope="module", params=KINDS)
 def run(request):
     """(model, ids, output, cache) of a tiny decoder, every tensor attribution reads."""
-    model = tiny_decoder(request.param)
-    ids = torch.randint(0, 256, (3, 9), generator=torch.Generator().manual_seed(2))
-    out, cache = run_with_cache(model, ids, names=attribution_names(model))
-    return model, ids, out, cache
+    return tiny_run(request.param, attribution_names, batch=3, seed=2)
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    model, tok = load_smollm2(), load_smollm2_tokenizer()
-    ids = torch.tensor([tok.encode("The Eiffel Tower is in the city of")])
-    out, cache = run_with_cache(model, ids, names=attribution_names(model))
+    model, tok, _, out, cache = eiffel_run(attribution_names)
     return model, tok, out, cache
 
 

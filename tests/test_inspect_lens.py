@@ -6,8 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.inspect_models import U, readout_bound, tiny_decoder
-from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer
+from tests.inspect_models import U, eiffel_run, readout_bound, tiny_run
 from tfbook.inspect import run_with_cache
 from tfbook.inspect.lens import (
     entropy,
@@ -31,10 +30,7 @@ KINDS = ("gpt", "llama")
 @pytest.fixture(scope="module", params=KINDS)
 def run(request):
     """(model, ids, output, cache with every residual stream) of a tiny decoder."""
-    model = tiny_decoder(request.param)
-    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
-    out, cache = run_with_cache(model, ids, names=lens_names(model, incl_mid=True))
-    return model, ids, out, cache
+    return tiny_run(request.param, lambda m: lens_names(m, incl_mid=True), batch=2, seed=1)
 
 
 def final_normed(model, stack):
@@ -46,10 +42,7 @@ def final_normed(model, stack):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    model, tok = load_smollm2(), load_smollm2_tokenizer()
-    ids = torch.tensor([tok.encode("The Eiffel Tower is in the city of")])
-    out, cache = run_with_cache(model, ids, names=lens_names(model))
-    return model, tok, ids, out, cache
+    return eiffel_run(lens_names)
 
 
 def test_stack_is_every_stream_in_order(run):
