@@ -1,7 +1,6 @@
 """Activation patching and attribution patching on SmolLM2-135M-Instruct, two prompt pairs.
 
-    python bench/bench_patching.py          # prints the tables, writes
-                                            # book/inside/data/patching.json
+    python bench/bench_patching.py     # prints the tables, writes bench/results/patching.json
 
 The pairs: an indirect-object prompt (Wang et al. 2022), corrupted by making the second
 mention of the subject the other name, and a factual-recall prompt (Meng et al. 2022),
@@ -40,7 +39,7 @@ from tfbook.inspect.patching import (  # noqa: E402
     logit_diff,
 )
 
-OUT = ROOT / "book" / "inside" / "data" / "patching.json"
+OUT = ROOT / "bench" / "results" / "patching.json"
 THREADS = 2
 # name: (clean prompt, corrupted prompt, answer, wrong answer)
 PAIRS = {
