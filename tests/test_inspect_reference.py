@@ -35,6 +35,7 @@ from tfbook.checkpoints.smollm2 import (
     read_smollm2_gguf,
 )
 from tfbook.inspect import hook_names, hook_points, hooks, patch, run_with_cache, zero
+from tfbook.inspect.patching import activation_patching, attribution_patching
 from tfbook.models.gpt import GPT, GPTConfig
 
 CLEAN = "The Eiffel Tower is in the city of"
@@ -148,39 +149,52 @@ def test_smollm2_residual_decomposition(smollm2_runs):
     assert close(parts.sum(0), last, scale=parts.abs().sum(0))
 
 
-# rows of TL's patching index: (layer, position), (layer, head) or (layer, key/value head)
-SMOLLM2_PATCHES = {
-    "resid_pre": ("residual_pre", [(0, 1), (12, 3), (28, 8)]),
-    "head_out": ("attn.heads", [(3, 0), (23, 4), (29, 1)]),
-    "head_q": ("attn.q", [(15, 8), (23, 4)]),
-    "head_k": ("attn.k", [(15, 2), (23, 1)]),
-    "head_v": ("attn.v", [(3, 0), (23, 1)]),
-}
+# tfbook's grid -> TL's patching kind, the layer swept on SmolLM2 and the cells TL checks (TL
+# runs one forward per cell, about 0.1 s of CPU each; the cells include ones that restore
+# much of the answer, e.g. position 2 " Tower" at layer 12, value head 1 at layer 23)
+SMOLLM2_GRIDS = {"residual_pre": ("resid_pre", 12, [0, 2, 3, 8]),
+                 "attn.heads": ("head_out", 23, [0, 4, 5]), "attn.q": ("head_q", 3, [2, 3, 6]),
+                 "attn.k": ("head_k", 23, [0, 1, 2]), "attn.v": ("head_v", 23, [0, 1, 2])}
 
 
-@pytest.mark.parametrize("kind", SMOLLM2_PATCHES)
-def test_smollm2_patching_equals_transformer_lens(smollm2, kind):
-    """Clean activations patched into the corrupted run, one place at a time, restore the
-    logit difference " Paris" - " Rome" as TL's `patching.get_act_patch_*` measures it.
-    A query, key or value head is patched at every position (TL's *_all_pos); a key/value
-    head is one of the 3 that 3 query heads each read."""
-    point, rows = SMOLLM2_PATCHES[kind]
+@pytest.mark.parametrize("what", SMOLLM2_GRIDS)
+def test_smollm2_activation_patching_equals_transformer_lens(smollm2, what):
+    """tfbook's `activation_patching` grid row equals TL's `patching.get_act_patch_*` cells:
+    the logit difference " Paris" - " Rome" of the corrupted run with one clean position
+    (head, query head, key/value head) patched. SmolLM2's k and v rows have 3 cells, one per
+    key/value head, each read by 3 query heads."""
+    kind, layer, cells = SMOLLM2_GRIDS[what]
     s = smollm2
-    theirs = ref.tl_patch(s.bridge, kind, s.clean, s.corrupted, s.metric, rows=rows)
+    ours = activation_patching(s.ours, s.clean, s.corrupted, s.metric, what, layers=[layer],
+                               progress=False)
+    assert ours.values.shape == (1, {"attn.k": 3, "attn.v": 3}.get(what, 9))
+    theirs = ref.tl_patch(s.bridge, kind, s.clean, s.corrupted, s.metric,
+                          rows=[(layer, i) for i in cells])
     with torch.no_grad():
-        _, clean_cache = run_with_cache(s.ours, s.clean, names=f"*.{point}")
-        ours, scale = [], 0.0
-        for layer, index in rows:
-            where = {"positions": [index]} if kind == "resid_pre" else {"heads": [index]}
-            with hooks(s.ours, {f"blocks.{layer}.{point}": patch(clean_cache, **where)}):
-                logits = s.ours(s.corrupted).logits
-            ours.append(s.metric(logits).item())
-            scale = max(scale, logit_gap_bound(logits))
-    assert torch.allclose(torch.tensor(ours), theirs, rtol=0, atol=scale)
-    # the patches matter: each row moves the metric away from the unpatched corrupted run
-    with torch.no_grad():
-        baseline = s.metric(s.ours(s.corrupted).logits).item()
-    assert (theirs - baseline).abs().max() > 100 * scale
+        bound = logit_gap_bound(s.ours(s.corrupted).logits)
+    assert torch.allclose(ours.values[0, cells], theirs.double(), rtol=0, atol=bound)
+    assert abs(ours.corrupted - s.metric(ref.tl_run(s.bridge, s.corrupted)[0]).item()) <= bound
+    # the patches matter: some cell moves the metric far from the unpatched corrupted run
+    assert (theirs - ours.corrupted).abs().max() > 100 * bound
+
+
+def test_smollm2_attribution_patching_equals_transformer_lens(smollm2):
+    """tfbook's `attribution_patching` (one forward and backward) equals TL's
+    `attribution_patch` at node granularity: per head (summed over positions, TL scores
+    each position) and per MLP and position, as estimated changes of the metric."""
+    s = smollm2
+    ours = attribution_patching(s.ours, s.clean, s.corrupted, s.metric, ["attn.heads", "ff.out"])
+    theirs = ref.tl_attribution_patching(s.bridge, s.clean, s.corrupted, s.metric)
+    assert_attribution_equal(ours, theirs)
+
+
+def assert_attribution_equal(ours, theirs) -> None:
+    heads = theirs["head_out"].sum(1).double()  # (L, H)
+    mlps = theirs["mlp_out"].double()  # (L, T)
+    for grid, tl in ((ours["attn.heads"], heads), (ours["ff.out"], mlps)):
+        estimate = grid.values - grid.corrupted  # tfbook adds the corrupted metric
+        assert close(estimate, tl)
+        assert tl.abs().max() > 100 * (estimate - tl).abs().max()  # not two empty grids
 
 
 # --- a tiny random Llama: whole patching grids, compatibility mode ---------------------------
@@ -217,8 +231,9 @@ TINY_GRIDS = {"resid_pre": ("residual_pre", "positions"), "attn_out": ("attn.out
 
 @pytest.mark.parametrize("kind", TINY_GRIDS)
 def test_tiny_patching_grid_equals_transformer_lens(tiny, kind):
-    """Every (layer, position) or (layer, head) of TL's grid; key/value grids have H_kv = 2
-    columns, the others H = 4 or T = 10."""
+    """Every (layer, position) or (layer, head) of TL's grid, by tfbook's `hooks` + `patch`
+    one cell at a time and by `activation_patching` (a layer's cells in one batch); key/value
+    grids have H_kv = 2 columns, the others H = 4 or T = 10."""
     point, axis = TINY_GRIDS[kind]
     theirs = ref.tl_patch(tiny.bridge, kind, tiny.clean, tiny.corrupted, tiny.metric)
     width = {"positions": 10, "heads": 2 if kind in ("head_k", "head_v") else 4}[axis]
@@ -235,7 +250,17 @@ def test_tiny_patching_grid_equals_transformer_lens(tiny, kind):
                 ours[layer, index] = tiny.metric(logits)
                 bound = max(bound, logit_gap_bound(logits))
     assert torch.allclose(ours, theirs, rtol=0, atol=bound)
+    grid = activation_patching(tiny.ours, tiny.clean, tiny.corrupted, tiny.metric, point,
+                               progress=False)
+    assert torch.allclose(grid.values, theirs.double(), rtol=0, atol=bound)
     assert theirs.max() - theirs.min() > 100 * bound  # some places matter, others do not
+
+
+def test_tiny_attribution_patching_equals_transformer_lens(tiny):
+    ours = attribution_patching(tiny.ours, tiny.clean, tiny.corrupted, tiny.metric,
+                                ["attn.heads", "ff.out"])
+    assert_attribution_equal(ours, ref.tl_attribution_patching(tiny.bridge, tiny.clean,
+                                                               tiny.corrupted, tiny.metric))
 
 
 def test_tiny_zero_ablation_equals_transformer_lens(tiny):
