@@ -1,5 +1,7 @@
 """Direct logit attribution (tfbook.inspect.attribution): the parts add up to the logit."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from tfbook.inspect.attribution import (
     final_stream_parts,
     logit_direction,
 )
+from tfbook.models.gpt import GPT, GPTConfig
 
 KINDS = ("gpt", "llama")
 
@@ -162,3 +165,8 @@ def test_bad_input(run):
         direct_logit_attribution(model, cache, torch.tensor([1, 2]))
     with pytest.raises(TypeError, match="decoder"):
         attribution_names(torch.nn.Linear(3, 3))
+    dropping = GPT(replace(GPTConfig.tiny(), dropout=0.1))  # in training mode
+    _, dropped = run_with_cache(dropping, torch.zeros(1, 4, dtype=torch.long),
+                                names=attribution_names(dropping))
+    with pytest.raises(ValueError, match="eval mode"):
+        direct_logit_attribution(dropping, dropped, 1)

@@ -172,10 +172,16 @@ def direct_logit_attribution(model: nn.Module, cache: Mapping[str, Tensor],
     (Elhage et al. 2021; TransformerLens's `stack_head_results` + `logit_attrs`).
 
     target, other: token ids, or (B,) ids one per sequence; other=None attributes the logit
-    of target itself. The cache: run_with_cache(model, ids, names=attribution_names(model)),
+    of target itself (TransformerLens in compatibility mode centres W_U over the vocabulary,
+    which shifts each of its single-token terms; differences of two tokens are unaffected).
+    "embed" is what enters block 0: the token embedding plus, for learned positions, the
+    position embedding. The cache: run_with_cache(model, ids, names=attribution_names(model)),
     the model in eval mode (dropout would break the sum).
     """
     norm, W_U, L = check_decoder(model)
+    if model.training and any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        raise ValueError("direct logit attribution needs the run of a model in eval mode: "
+                         "dropout changes what each part adds (call model.eval() and run again)")
     parts, labels = final_stream_parts(model, cache, position)  # (N, B, C) float64
     x_L = cache[f"blocks.{L - 1}.residual_post"][:, position]  # (B, C) float32
     B = x_L.size(0)
