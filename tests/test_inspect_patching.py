@@ -157,7 +157,7 @@ def test_layers_and_labels(llama):
                             labels=labels, progress=False)
     full = activation_patching(llama, clean, corrupted, metric, progress=False)
     assert r.layers == (1,) and r.labels == tuple(labels) and r.values.shape == (1, T)
-    torch.testing.assert_close(r.values[0], full.values[1], rtol=0, atol=1e-12)
+    assert torch.equal(r.values[0], full.values[1])  # the same passes: the same bits
     top = full.top(3)
     assert [c.restored for c in top] == sorted(full.restored.flatten().tolist(),
                                                reverse=True)[:3]
@@ -314,8 +314,10 @@ def test_bad_places(llama):
         activation_patching(llama, clean, corrupted, metric, layers=[])
     with pytest.raises(ValueError, match="labels gives 3 labels for 7 positions"):
         activation_patching(llama, clean, corrupted, metric, labels=["a", "b", "c"])
-    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         activation_patching(llama, clean, corrupted, metric, batch_size=0)
+    with pytest.raises(TypeError, match="batch_size must be an int, got 2.5"):
+        activation_patching(llama, clean, corrupted, metric, batch_size=2.5)
     # a hook name that does not exist: the names that do, as tfbook.inspect.hooks words them
     with pytest.raises(KeyError, match="has no hook point 'blocks.0.attn.head'.*did you mean "
                                        "'blocks.0.attn.heads'"):

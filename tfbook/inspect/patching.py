@@ -20,9 +20,11 @@ prompt is patched at cell j, so a sweep costs one forward pass per layer, not on
 
 Attribution patching (Syed et al. 2023) replaces every patched run by a first-order Taylor
 estimate at the corrupted run: metric(corrupted) + sum over the cell of
-d metric / d activation * (clean - corrupted). One forward and one backward pass estimate
-every cell of every grid; the estimate is exact where the metric is linear in the activation
-and fails where it is not (a saturated softmax, a layer where information moves).
+d metric / d activation * (clean - corrupted). A clean forward pass and one corrupted
+forward and backward pass estimate every cell of every grid. The estimate is exact where the
+metric is linear in the activation and fails where it is far from linear over the change:
+the residual stream at a token the prompts differ in (a whole embedding swapped), a softmax
+that saturates, a layer where the information moves from one position to another.
 
 Grids follow TransformerLens's `patching.get_act_patch_*` (axes [layer, pos] and
 [layer, head]; REFERENCE names the function for each `what`). With grouped key/value heads
@@ -179,8 +181,7 @@ class PatchingResult:
 
     def top(self, k: int = 5) -> list[Cell]:
         """The `k` cells that restore most, largest first."""
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r:.40}")
+        k = _positive_int(k, "k")
         restored = self.restored
         order = restored.flatten().argsort(descending=True, stable=True)[:k].tolist()
         N = restored.size(1)
@@ -208,8 +209,7 @@ def disagreements(activation: PatchingResult, attribution: PatchingResult,
             f"{list(activation.layers)} x {len(activation.labels)} columns, and "
             f"{attribution.what!r} at layers {list(attribution.layers)} x "
             f"{len(attribution.labels)} columns")
-    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r:.40}")
+    k = _positive_int(k, "k")
     a, b = activation.restored, attribution.restored
     order = (b - a).abs().flatten().argsort(descending=True, stable=True)[:k].tolist()
     N = a.size(1)
@@ -347,22 +347,30 @@ def _score(metric: Metric, logits: Tensor, B: int) -> Tensor:
     return m.double().mean()
 
 
-def _columns(what: str, t: Tensor, labels: Sequence[str] | None) -> tuple[int, tuple[str, ...]]:
-    """The axis of `t` (a `what` tensor) the grid's columns run along, and their labels."""
+def _columns(what: str, t: Tensor, labels: Sequence[str] | None,
+             model: nn.Module, name: str) -> tuple[int, tuple[str, ...]]:
+    """The axis of `t` (the tensor at hook point `name`) that a `what` grid's columns run
+    along, and their labels: the positions' (default their indices), the heads' indices, or
+    for key/value heads the query heads that share each one, '0 (q 0-2)'."""
     pos_axis, head_axis = AXES[what.rsplit(".", 1)[-1]]
     if WHAT[what] == "position":
         n = t.size(pos_axis)
         return pos_axis, tuple(labels) if labels is not None else tuple(map(str, range(n)))
-    return head_axis, tuple(str(h) for h in range(t.size(head_axis)))
+    n = t.size(head_axis)
+    if WHAT[what] == "head":
+        return head_axis, tuple(map(str, range(n)))
+    g = model.get_submodule(name.rsplit(".", 1)[0]).n_heads // n  # query heads per kv head
+    return head_axis, tuple(f"{j} (q {j * g}-{j * g + g - 1})" if g > 1 else str(j)
+                            for j in range(n))
 
 
-def _axis_labels(what: str, model: nn.Module, names: list[str], n: int) -> tuple[str, ...]:
-    """Key/value head columns named by the query heads that share them: '0 (q 0-2)'."""
-    if WHAT[what] != "kv_head":
-        return ()
-    H = model.get_submodule(names[0].rsplit(".", 1)[0]).n_heads
-    g = H // n
-    return tuple(f"{j} (q {j * g}-{j * g + g - 1})" if g > 1 else str(j) for j in range(n))
+def _positive_int(value: Any, name: str) -> int:
+    """`value` if it is an int >= 1; a TypeError or ValueError saying so otherwise."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r:.40}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
 
 
 # -- activation patching ------------------------------------------------------------------------
@@ -384,9 +392,8 @@ def activation_patching(
     """
     start = time.process_time()
     s = _check(model, clean, corrupted, metric, [what], layers, labels)
-    if batch_size is not None and (not isinstance(batch_size, numbers.Integral)
-                                   or isinstance(batch_size, bool) or batch_size < 1):
-        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r:.40}")
+    if batch_size is not None:
+        batch_size = _positive_int(batch_size, "batch_size")
     names = s.names[what]
     B = s.clean.size(0)
     with torch.no_grad():
@@ -394,9 +401,8 @@ def activation_patching(
         clean_m = _score(metric, _logits(out), B)
         out, corrupted_cache = run_with_cache(model, s.corrupted, names=names)
         corrupted_m = _score(metric, _logits(out), B)
-    axis, col_labels = _columns(what, cache[names[0]], s.labels)
-    n = cache[names[0]].size(axis)
-    col_labels = _axis_labels(what, model, names, n) or col_labels
+    axis, col_labels = _columns(what, cache[names[0]], s.labels, model, names[0])
+    n = len(col_labels)
     values = torch.full((len(names), n), float(corrupted_m), dtype=torch.float64)
     bar = tqdm(names, desc=f"patching {what}", disable=not progress, file=sys.stderr)
     passes = 2
@@ -405,8 +411,8 @@ def activation_patching(
             source = cache[name]  # (B, ...): the clean run's tensor
             differ = [i for i in range(n) if not torch.equal(
                 source.select(axis, i), corrupted_cache[name].select(axis, i))]
-            step = len(differ) if batch_size is None else int(batch_size)
-            for first in range(0, len(differ), max(step, 1)):
+            step = max(len(differ), 1) if batch_size is None else batch_size
+            for first in range(0, len(differ), step):
                 cells = differ[first:first + step]
                 logits = _patched_run(model, s.corrupted, name, source, axis, cells)
                 passes += 1
@@ -434,8 +440,6 @@ def _patched_run(model: nn.Module, corrupted: Tensor, name: str, source: Tensor,
 
     with hooks(model, {name: hook}):
         return _logits(model(corrupted.repeat(k, 1)))  # rows j*B + b: copy j of prompt b
-
-
 
 
 def patch_once(model: nn.Module, clean: Any, corrupted: Any, metric: Metric, name: str,
@@ -522,9 +526,8 @@ def attribution_patching(
     corrupted_m = corrupted_m.detach()
     results = {}
     for w in whats:
-        first = clean_cache[s.names[w][0]]
-        axis, col_labels = _columns(w, first, s.labels)
-        col_labels = _axis_labels(w, model, s.names[w], first.size(axis)) or col_labels
+        axis, col_labels = _columns(w, clean_cache[s.names[w][0]], s.labels, model,
+                                    s.names[w][0])
         rows = []
         for name in s.names[w]:
             g = grads[name]
