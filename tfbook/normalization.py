@@ -27,12 +27,14 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float = 1e-5
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    """gamma * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019, eq. 4), computed in float32.
+    """gamma * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019, eq. 4), computed in float32
+    or wider.
 
     In half precision the mean of squares overflows or loses its digits, so the statistics
-    are taken in float32 and only the normalised vector is cast back before the gain.
+    are taken in float32 and only the normalised vector is cast back before the gain (float64
+    input stays float64).
     """
-    x32 = x.float()
+    x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     rms_inv = torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
     return weight * (x32 * rms_inv).to(x.dtype)  # (..., C)
 

@@ -196,6 +196,10 @@ def run_with_cache(
 
 # -- interventions: hooks that change a tensor ------------------------------------------------
 
+class OutOfRange(ValueError, IndexError):
+    """A position or head outside the tensor (a ValueError, and an IndexError)."""
+
+
 def _where(name: str, t: Tensor, positions: Any, heads: Any) -> Tensor:
     """A boolean mask, broadcastable to t (named `name`), True at the chosen `positions` and
     `heads` (None: all of them)."""
@@ -214,7 +218,7 @@ def _where(name: str, t: Tensor, positions: Any, heads: Any) -> Tensor:
         size = t.size(axis)
         bad = [i for i in items if not -size <= i < size]
         if bad:
-            raise IndexError(f"{what} {bad} are out of range for {name!r}, whose axis {axis} "
+            raise OutOfRange(f"{what} {bad} are out of range for {name!r}, whose axis {axis} "
                              f"has {size} entries (shape {tuple(t.shape)})")
         shape = [1] * t.dim()
         shape[axis] = size
