@@ -223,21 +223,26 @@ def _unembed(bridge: TransformerBridge, x: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def tl_logit_lens(bridge: TransformerBridge, cache: ActivationCache) -> tuple[Tensor, list[str]]:
+def tl_logit_lens(bridge: TransformerBridge, cache: ActivationCache, *, incl_mid: bool = False,
+                  pos_slice: int | None = None) -> tuple[Tensor, list[str]]:
     """The literature's logit lens, TransformerLens 4.3's `accumulated_resid(apply_ln=True)`.
 
-    Every layer's residual stream (each block's input, then the last block's output) through
-    the final norm RECOMPUTED on that stream (its own RMS, times the norm's weight), then W_U:
-    (L + 1, B, T, V) and the labels "0_pre" .. "29_pre", "final_post". TL 4.3 recomputes the
-    statistics when `layer` is None (the fix of TL issue #1076, PR #1180); the last entry is
-    the model's logits.
+    Every layer's residual stream (each block's input, then the last block's output; with
+    `incl_mid` also each block's mid-stream) through the final norm RECOMPUTED on that stream
+    (its own RMS, times the norm's weight), then W_U: (L + 1, B, T, V) and the labels "0_pre"
+    .. "29_pre", "final_post" ("0_pre", "0_mid", "1_pre", ... with `incl_mid`). An int
+    `pos_slice` keeps one position and drops the T axis. TL 4.3 recomputes the statistics
+    when `layer` is None (the fix of TL issue #1076, PR #1180); the last entry is the model's
+    logits.
     """
-    stack, labels = cache.accumulated_resid(apply_ln=True, return_labels=True)
+    stack, labels = cache.accumulated_resid(apply_ln=True, incl_mid=incl_mid,
+                                            pos_slice=pos_slice, return_labels=True)
     return _unembed(bridge, stack), labels
 
 
 @torch.no_grad()
-def tl_logit_lens_cached_scale(bridge: TransformerBridge, cache: ActivationCache) -> Tensor:
+def tl_logit_lens_cached_scale(bridge: TransformerBridge, cache: ActivationCache, *,
+                               pos_slice: int | None = None) -> Tensor:
     """The logit lens as TransformerLens computed it before 4.3 (TL issue #1076).
 
     Every layer's stream divided by the FINAL layer's cached RMS (`ln_final.hook_scale`),
@@ -247,9 +252,10 @@ def tl_logit_lens_cached_scale(bridge: TransformerBridge, cache: ActivationCache
     leaves out: with the weight folded (compatibility mode) TL's own product is this up to
     W_U's centring. Early layers' streams are far smaller than the last one's, so their
     logits come out shrunk towards zero (a high-temperature, near-uniform distribution).
+    `pos_slice` as in `tl_logit_lens`.
     """
-    stack = cache.accumulated_resid()  # (L + 1, B, T, C), no norm
-    scaled = cache.apply_ln_to_stack(stack, layer=None)  # / ln_final.hook_scale, no weight
+    stack = cache.accumulated_resid(pos_slice=pos_slice)  # (L + 1, B, T, C), no norm
+    scaled = cache.apply_ln_to_stack(stack, layer=None, pos_slice=pos_slice)  # / cached scale
     return _unembed(bridge, scaled * bridge.ln_final.weight)
 
 
@@ -292,6 +298,33 @@ def tl_component_logit_attribution(compat_bridge: TransformerBridge, ids: Tensor
     stack, labels = cache.decompose_resid(pos_slice=pos, return_labels=True)
     attrs = cache.logit_attrs(stack, tokens=token, incorrect_tokens=other, pos_slice=pos)
     return attrs.mean(dim=(1, 2)), labels
+
+
+@torch.no_grad()
+def tl_head_logit_attribution_unfolded(bridge: TransformerBridge, cache: ActivationCache,
+                                       position: int, token: int, other: int) -> Tensor:
+    """The same (L, H) attributions from the DEFAULT bridge's cache: TL's per-head outputs
+    (`stack_head_results`) divided by TL's cached final scale (`apply_ln_to_stack`), dotted
+    with ln_final.weight * (W_U[:, token] - W_U[:, other]): the weight that TL's `logit_attrs`
+    leaves out here is put back by hand. Batch averaged."""
+    pos = _position_slice(position)
+    stack = cache.stack_head_results(pos_slice=pos)  # (L*H, B, 1, C)
+    scaled = cache.apply_ln_to_stack(stack, layer=None, pos_slice=pos)  # / ln_final.hook_scale
+    direction = (bridge.W_U[:, token] - bridge.W_U[:, other]) * bridge.ln_final.weight
+    cfg = bridge.cfg
+    return (scaled @ direction).mean(dim=(1, 2)).view(cfg.n_layers, cfg.n_heads)
+
+
+@torch.no_grad()
+def tl_logit_attrs_total(bridge: TransformerBridge, cache: ActivationCache, position: int,
+                         token: int, other: int) -> Tensor:
+    """Sum of TL's own `logit_attrs` over `decompose_resid`'s parts (batch mean): the logit
+    difference in compatibility mode; in the default bridge NOT, since the final norm's
+    weight is missing from the direction there."""
+    pos = _position_slice(position)
+    stack = cache.decompose_resid(pos_slice=pos)
+    attrs = cache.logit_attrs(stack, tokens=token, incorrect_tokens=other, pos_slice=pos)
+    return attrs.sum(0).mean()
 
 
 # --- head scores ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from tests import inspect_reference as ref
+from tests.inspect_models import U, gamma
 from tests.pinned_threads import pinned_threads
 from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
 from tfbook.checkpoints.smollm2 import (
@@ -34,8 +35,20 @@ from tfbook.checkpoints.smollm2 import (
     load_smollm2_tokenizer,
     read_smollm2_gguf,
 )
-from tfbook.inspect import hook_names, hook_points, hooks, patch, run_with_cache, zero
-from tfbook.inspect.patching import activation_patching, attribution_patching
+from tfbook.inspect import (
+    activation_patching,
+    attribution_patching,
+    direct_logit_attribution,
+    final_stream_parts,
+    hook_names,
+    hook_points,
+    hooks,
+    logit_direction,
+    logit_lens,
+    patch,
+    run_with_cache,
+    zero,
+)
 from tfbook.models.gpt import GPT, GPTConfig
 
 CLEAN = "The Eiffel Tower is in the city of"
@@ -149,6 +162,64 @@ def test_smollm2_residual_decomposition(smollm2_runs):
     assert close(parts.sum(0), last, scale=parts.abs().sum(0))
 
 
+def test_smollm2_logit_lens_equals_transformer_lens(smollm2, smollm2_runs):
+    """Both logit lenses at the last position, all 31 streams: recomputed (the literature's,
+    TL 4.3's accumulated_resid(apply_ln=True)) and the final layer's cached scale (TL's
+    apply_ln_to_stack, the lens of TL before issue #1076's fix), each within the bound of its
+    own layer's largest logit."""
+    r = smollm2_runs
+    for scale, theirs in (("recomputed", ref.tl_logit_lens(smollm2.bridge, r.tl_cache,
+                                                            pos_slice=-1)[0]),
+                          ("final", ref.tl_logit_lens_cached_scale(smollm2.bridge, r.tl_cache,
+                                                                   pos_slice=-1))):
+        with torch.no_grad():
+            ours = logit_lens(smollm2.ours, r.cache, scale=scale, positions=-1)  # (31, B, V)
+        assert ours.shape == theirs.shape == (31, 1, 49152)
+        for layer in range(31):
+            assert close(ours[layer], theirs[layer]), (scale, layer)
+    assert close(ours[-1], r.tl_logits[:, -1])  # both lenses end at the model's logits
+
+
+def head_attribution_bound(model, cache, u: torch.Tensor, position: int = -1) -> torch.Tensor:
+    """How far TL's float32 attribution of each head may lie from tfbook's float64 one, (L, H).
+
+    TL computes c_h = z_h W_O,h^T (D products per entry, within gamma_D |z_h| |W_O,h|^T),
+    divides by the cached scale s and dots with g * u (C products, within gamma_C, plus about
+    3 roundings of u for the division, the gain and the scale itself): with v = g * u / s,
+    gamma_D (|z_h| |W_O,h|^T) . |v| + (gamma_C + 3u) |c_h| . |v|.
+    """
+    norm = model.norm_f
+    x_L = cache[f"blocks.{len(model.blocks) - 1}.residual_post"][:, position].double()
+    v = (u.double() * norm.weight.double() / x_L.pow(2).mean(-1, keepdim=True).add(
+        norm.eps).sqrt()).abs()  # (B, C)
+    parts, labels = final_stream_parts(model, cache, position)  # (N, B, C)
+    bounds = []
+    for layer, block in enumerate(model.blocks):
+        z = cache[f"blocks.{layer}.attn.heads"][:, :, position].double().abs()  # (B, H, D)
+        B, H, D = z.shape
+        W_O = block.attn.out_proj.weight.double().abs().view(-1, H, D)  # (C, H, D)
+        zW = torch.einsum("bhd,chd->bhc", z, W_O)  # (B, H, C)
+        c = parts[[labels.index(f"L{layer}H{h}") for h in range(H)]].abs()  # (H, B, C)
+        bounds.append((gamma(D) * (zW * v[:, None]).sum(-1)
+                       + (gamma(v.size(-1)) + 3 * U) * (c.transpose(0, 1) * v[:, None]).sum(-1)
+                       ).mean(0))
+    return torch.stack(bounds)  # (L, H)
+
+
+def test_smollm2_head_attribution_equals_transformer_lens(smollm2, smollm2_runs):
+    """Direct logit attribution of " Paris" - " Rome" to each of the 270 heads: tfbook's
+    `direct_logit_attribution` and TL's `stack_head_results` through TL's cached final scale
+    (with the final norm's weight, which TL's `logit_attrs` omits outside compatibility
+    mode), within a derived float32 bound of each head's terms."""
+    s, r = smollm2, smollm2_runs
+    answer, other = (s.tokenizer.encode(t)[0] for t in (ANSWER, OTHER))
+    ours = direct_logit_attribution(s.ours, r.cache, answer, other).heads()[..., 0]  # (L, H)
+    theirs = ref.tl_head_logit_attribution_unfolded(s.bridge, r.tl_cache, -1, answer, other)
+    bound = head_attribution_bound(s.ours, r.cache, logit_direction(s.ours, answer, other))
+    assert ((ours - theirs.double()).abs() <= bound).all()
+    assert theirs.abs().max() > 1e3 * bound.max()  # heads that matter, far above the bound
+
+
 # tfbook's grid -> TL's patching kind, the layer swept on SmolLM2 and the cells TL checks (TL
 # runs one forward per cell, about 0.1 s of CPU each; the cells include ones that restore
 # much of the answer, e.g. position 2 " Tower" at layer 12, value head 1 at layer 23)
@@ -220,6 +291,21 @@ def test_tiny_every_hook_equals_transformer_lens(tiny):
     tl_logits, tl_cache = ref.tl_run(tiny.bridge, ids)
     assert close(out.logits, tl_logits)
     assert_cache_equal(cache, tl_cache, hook_names(tiny.ours))
+
+
+def test_tiny_logit_lens_with_mid_streams_equals_transformer_lens(tiny):
+    """With the mid-block streams the lens reads 2L + 1 = 5 streams, in TL's order
+    (0_pre, 0_mid, 1_pre, 1_mid, final_post; tfbook's 0 post is TL's 1 pre)."""
+    ids = tiny.clean
+    with torch.no_grad():
+        _, cache = run_with_cache(tiny.ours, ids)
+        ours = logit_lens(tiny.ours, cache, incl_mid=True)
+    _, tl_cache = ref.tl_run(tiny.bridge, ids)
+    theirs, labels = ref.tl_logit_lens(tiny.bridge, tl_cache, incl_mid=True)
+    assert labels == ["0_pre", "0_mid", "1_pre", "1_mid", "final_post"]
+    assert ours.shape == theirs.shape == (5, 1, 10, 256)
+    for i in range(5):
+        assert close(ours[i], theirs[i]), labels[i]
 
 
 # TL's full grid -> tfbook's hook point and what the grid's second axis indexes
@@ -300,6 +386,19 @@ def test_compatibility_mode_folds_norms_and_centres_the_unembedding(tiny):
     weight = tiny.ours.blocks[1].norm1.weight
     assert close(c_cache["blocks.1.ln1.hook_out"] * weight, cache["blocks.1.ln1.hook_out"])
     assert not close(c_cache["blocks.1.ln1.hook_out"], cache["blocks.1.ln1.hook_out"])
+    # direct logit attribution: TL's own logit_attrs adds up to the logit difference only in
+    # compatibility mode (the final norm's weight folded into W_U), and there its per-head
+    # values are tfbook's
+    token, other, gap = 5, 7, (logits[0, -1, 5] - logits[0, -1, 7]).item()
+    folded = ref.tl_logit_attrs_total(compat, c_cache, -1, token, other).item()
+    unfolded = ref.tl_logit_attrs_total(tiny.bridge, cache, -1, token, other).item()
+    assert abs(folded - gap) <= 1e3 * HF_RELATIVE_BOUND * abs(gap)
+    assert abs(unfolded - gap) > 0.1 * abs(gap)
+    with torch.no_grad():
+        _, our_cache = run_with_cache(tiny.ours, ids)
+    ours = direct_logit_attribution(tiny.ours, our_cache, token, other).heads()[..., 0]
+    theirs = ref.tl_head_logit_attribution(compat, ids, -1, token, other)
+    assert close(ours, theirs.double())
 
 
 # --- nnsight on tfbook's small GPT -----------------------------------------------------------
