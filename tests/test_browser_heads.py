@@ -22,8 +22,8 @@ from tests.browser import static_widget
 from tests.conftest import ASSETS
 from tests.test_widgets_attention import tiny_gpt
 from tfbook.widgets import HeadExplorer
-from tfbook.widgets.attention import AttentionExample, quantise_maps
-from tfbook.widgets.heads import EMPTY_TEXT, cut_note, head_example
+from tfbook.widgets.attention import AttentionExample, quantise_maps, truncation_note
+from tfbook.widgets.heads import EMPTY_TEXT, head_example
 from tfbook.widgets.page_model import quantised_reference, token_label
 
 PHONE = {"width": 390, "height": 844}
@@ -220,10 +220,10 @@ def test_page_model_runs_the_readers_text(browser, tmp_path: Path) -> None:
         texts = [" ".join(HOSTILE), "the dog ate the hat " * 6]
         for runs, text in enumerate(texts, start=1):
             box.fill(text)
-            page.wait_for_function("([r, n]) => r.headsRun && r.headsRun.runs === n && "
+            page.wait_for_function("([r, n]) => r.pageRun && r.pageRun.runs === n && "
                                    "r.headsShown.example === 1", arg=[root.element_handle(), runs])
-            run = root.evaluate("(r) => ({ids: r.headsRun.ids, tokens: r.headsRun.tokens, "
-                                "weights: r.headsRun.attentions.map((w) => Array.from(w))})")
+            run = root.evaluate("(r) => ({ids: r.pageRun.ids, tokens: r.pageRun.tokens, "
+                                "weights: r.pageRun.attentions.map((w) => Array.from(w))})")
             ids = tokenizer.encode_ordinary(text)
             expected = head_example(reference, tokenizer, text, max_tokens=16)
             assert run["ids"] == ids[-16:]
@@ -232,7 +232,7 @@ def test_page_model_runs_the_readers_text(browser, tmp_path: Path) -> None:
             got = np.stack([np.asarray(w, dtype=np.float32) for w in run["weights"]])
             got = np.round(got.reshape(expected.weights.shape) * 255)
             assert np.abs(got - quantise_maps(expected.weights)).max() <= 1
-            note = cut_note(len(ids), 16, 16) if len(ids) > 16 else ""
+            note = truncation_note(len(ids), 16, 16) if len(ids) > 16 else ""
             assert root.locator(".tfw-cut").inner_text() == note == expected.note
             assert root.locator("select").nth(1).input_value() == "1"  # "your text"
             assert root.locator(".tfw-queries span").first.inner_text() == shown(

@@ -28,15 +28,19 @@ from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.tokenizers.pretokenize import GPT4_SPLIT_PATTERN
 from tfbook.train.corpus_lm import load_trained_gpt
 from tfbook.widgets.attention import (
+    PAGE_MODEL_ESM,
     AttentionExample,
     AttentionMap,
     gpt_attention_example,
+    maps_module,
     quantise_maps,
     truncation_note,
 )
+from tfbook.widgets.base import STATIC
 from tfbook.widgets.page_model import (
     MAX_PAGE_MODEL_BYTES,
     export_page_model,
+    gpt_js_script_safe,
     payload_bytes,
     payload_json,
     quantised_reference,
@@ -90,6 +94,21 @@ def test_cross_attention_and_lower_rank_weights() -> None:
     (AttentionExample("x", ["a"], torch.ones(1, 1, 1, 1, 1)), "must be"),
 ])
 def test_bad_weights_are_clear_errors(example: AttentionExample, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AttentionMap(example)
+
+
+@pytest.mark.parametrize("example, message", [
+    (AttentionExample("e", [], torch.zeros(0, 0)), "example 'e' has no tokens"),
+    (AttentionExample("e", [], []), "example 'e' has no tokens"),
+    (AttentionExample("e", [], torch.zeros(2, 3, 0, 0)), "example 'e' has no tokens"),
+    (AttentionExample("e", ["a"], torch.zeros(1, 0), []), "example 'e' has no source tokens"),
+    (AttentionExample("e", ["a"], torch.ones(0, 2, 1, 1)), r"at least one layer .* \(0, 2, 1, 1\)"),
+    (AttentionExample("e", ["a"], torch.ones(2, 0, 1, 1)), r"at least one layer .* \(2, 0, 1, 1\)"),
+])
+def test_an_example_without_tokens_or_heads_is_a_value_error(example, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        example.as_4d()
     with pytest.raises(ValueError, match=message):
         AttentionMap(example)
 
@@ -250,6 +269,49 @@ def test_gpt_example_is_the_models_forward_on_the_last_tokens() -> None:
     assert torch.equal(cut.weights, torch.stack(direct)[:, 0])
     with pytest.raises(ValueError, match="expected some text"):
         gpt_attention_example(model, tokenizer, " \n ")
+
+
+def test_gpt_example_keeps_at_most_max_tokens() -> None:
+    """max_tokens below the context keeps that many last tokens and says so in the head
+    explorer's words; above it, the context is the limit and the note the map's."""
+    model, tokenizer = tiny_gpt()  # context 16
+    text = "the dog ate the hat " * 10
+    ids = tokenizer.encode_ordinary(text)
+    short = gpt_attention_example(model, tokenizer, text, max_tokens=5)
+    with torch.no_grad():
+        direct = model(torch.tensor([ids[-5:]]), need_weights=True).attentions
+    assert torch.equal(short.weights, torch.stack(direct)[:, 0])
+    assert short.tokens == [token_label(tokenizer, i) for i in ids[-5:]]
+    assert short.note == truncation_note(len(ids), 5, 16) == (
+        f"the text is {len(ids)} tokens long and this explorer shows at most 5 (the model "
+        f"reads up to 16): its first {len(ids) - 5} tokens were cut, the maps show the last 5")
+    assert gpt_attention_example(model, tokenizer, "the cat", max_tokens=5).note == ""
+    wide = gpt_attention_example(model, tokenizer, text, max_tokens=100)
+    assert len(wide.tokens) == 16 and wide.note == truncation_note(len(ids), 16)
+    assert truncation_note(len(ids), 16) == truncation_note(len(ids), 16, 16)
+    for bad in (0, -3, True, 2.5, "5"):
+        with pytest.raises(ValueError, match="max_tokens must be a positive int"):
+            gpt_attention_example(model, tokenizer, text, max_tokens=bad)
+    with pytest.raises(TypeError, match="model must be a tfbook decoder"):
+        gpt_attention_example(torch.nn.Linear(2, 2), tokenizer, text)
+    with pytest.raises(TypeError, match="tokenizer must be a tfbook tokenizer"):
+        gpt_attention_example(model, "bytes", text)
+
+
+def test_modules_are_whole_files_put_together() -> None:
+    """Each map widget's module is whole files of static/ (no file cut up): common.js,
+    maps.js, gpt.js only for a page model, then the widget's own file."""
+    def read(name: str) -> str:
+        return (STATIC / name).read_text(encoding="utf-8")
+
+    common, maps, attention = read("common.js"), read("maps.js"), read("attention.js")
+    assert AttentionMap._esm == "\n".join([common, maps, attention])
+    assert PAGE_MODEL_ESM == "\n".join([common, maps, gpt_js_script_safe(), attention])
+    heads = maps_module("heads.js", helpers=["tokenspans.js"])
+    assert heads == "\n".join([common, read("tokenspans.js"), maps, read("heads.js")])
+    for module in (AttentionMap._esm, PAGE_MODEL_ESM, heads):
+        assert module.count("function render(") == 1 and module.count("function pageRunner(") == 1
+    assert "function shrinkMap(" not in heads  # attention.js's own code stays in its file
 
 
 def test_from_page_model_carries_the_model_and_runs_it_in_python() -> None:

@@ -21,7 +21,7 @@ from tfbook.tokenizers.bpe import BPETokenizer
 from tfbook.widgets import HeadExplorer
 from tfbook.widgets.attention import AttentionExample, quantise_maps, truncation_note
 from tfbook.widgets.base import page_text
-from tfbook.widgets.heads import MAX_TEXT_CHARS, cut_note, head_example
+from tfbook.widgets.heads import MAX_TEXT_CHARS, head_example
 from tfbook.widgets.page_model import export_page_model, quantised_reference, token_label
 
 HOSTILE = ["<!--<script>", "</script>", "<img src=x onerror=alert(1)>", "100% %3C"]
@@ -91,7 +91,7 @@ def test_from_model_runs_the_model_and_the_readers_text() -> None:
         assert meta["tokens"] == [token_label(tokenizer, i) for i in kept]
         assert np.array_equal(raw[offset:offset + 8 * T * T].reshape(2, 4, T, T),
                               quantise_maps(expected))
-        assert meta["note"] == (cut_note(len(ids), 20, 64) if len(ids) > 20 else "")
+        assert meta["note"] == (truncation_note(len(ids), 20, 64) if len(ids) > 20 else "")
     assert "its first 13 tokens were cut" in w.examples[1]["note"]
     assert "(the model reads up to 64)" in w.examples[1]["note"]
     # the reader's text, as the page asks for it: added after the given texts, then replaced

@@ -24,6 +24,10 @@ a kernel, the text box runs the model in the reader's browser (static/gpt.js) an
 heads. A text longer than the context keeps its last tokens, and the page says so. In
 Jupyter, Python computes the same maps (`gpt_attention_example`) on the model the page holds
 (`quantised_reference`), so both show the same numbers.
+
+The head explorer (tfbook/widgets/heads.py) shows maps stored the same way: what the two
+pages share (unpacking, painting, the note on a cut text, the page model's run) is
+static/maps.js, and `maps_module` puts a widget's script together.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ import torch
 import traitlets
 
 from tfbook.models.gpt import GPT
+from tfbook.tokenizers.base import Tokenizer
 from tfbook.tokenizers.bpe import BPETokenizer
-from tfbook.widgets.base import Widget, bundle
+from tfbook.widgets.base import STATIC, Widget, bundle
+from tfbook.widgets.explorer import _check_decoder
 from tfbook.widgets.page_model import (
     check_dtype,
     gpt_js_script_safe,
@@ -49,9 +55,21 @@ from tfbook.widgets.page_model import (
     token_label,
 )
 
-# The script of a widget that carries a model: gpt.js (the forward pass) before attention.js.
-# The others do without gpt.js's 25 kB.
-PAGE_MODEL_ESM = gpt_js_script_safe() + "\n" + bundle("attention.js")
+
+def maps_module(script: str, *, page_model: bool = False, helpers: Sequence[str] = ()) -> str:
+    """The ES module of a widget that draws attention maps: common.js, the `helpers` (other
+    files of static/), maps.js, gpt.js (the forward pass) when the page carries a model, then
+    static/<script>. A widget without a model does without gpt.js's 25 kB."""
+    first, *rest = (*helpers, "maps.js")
+    parts = [bundle(first)] + [(STATIC / name).read_text(encoding="utf-8") for name in rest]
+    if page_model:
+        parts.append(gpt_js_script_safe())
+    parts.append((STATIC / script).read_text(encoding="utf-8"))
+    return "\n".join(parts)
+
+
+# The script of an attention map that carries a model.
+PAGE_MODEL_ESM = maps_module("attention.js", page_model=True)
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,10 @@ class AttentionExample:
                 raise TypeError(f"{what} must be a list of strings, got {tokens!r:.80}")
         if not isinstance(self.note, str):
             raise TypeError(f"note must be a str, got {type(self.note).__name__}")
+        for what, tokens in (("tokens", self.tokens), ("source tokens", self.source_tokens)):
+            if tokens is not None and len(tokens) == 0:
+                raise ValueError(f"example {self.name!r:.40} has no {what}: a map needs at "
+                                 f"least one query and one key")
         try:
             w = torch.as_tensor(self.weights).detach().float().cpu()
         except (TypeError, ValueError, RuntimeError) as error:  # ragged lists, strings, ...
@@ -85,11 +107,29 @@ class AttentionExample:
         if w.shape[-2:] != (len(self.tokens), len(keys)):
             raise ValueError(f"weights end in (T, S) = {tuple(w.shape[-2:])}, but there are "
                              f"{len(self.tokens)} query tokens and {len(keys)} key tokens")
+        if w.numel() == 0:
+            raise ValueError(f"weights must have at least one layer and one head, got shape "
+                             f"{tuple(w.shape)}")
         if not torch.isfinite(w).all():
             raise ValueError("weights must be finite probabilities, got NaN or infinite values")
         if w.min() < 0 or w.max() > 1 + 1e-4:
             raise ValueError("weights must be probabilities in [0, 1] (apply the softmax first)")
         return w
+
+
+def check_decoder(model: object, tokenizer: object) -> None:
+    """A tfbook decoder (any GPTConfig: the small GPT, SmolLM2, ...) and a tfbook tokenizer."""
+    _check_decoder(model)  # the model explorer's check
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a tfbook tokenizer (tfbook.tokenizers), got "
+                        f"{type(tokenizer).__name__}")
+
+
+def check_max_tokens(max_tokens: object) -> int:
+    """How many tokens a text keeps (its last ones): a positive int."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r:.40}")
+    return max_tokens
 
 
 def quantise_maps(w: torch.Tensor) -> np.ndarray:
@@ -105,31 +145,61 @@ def pack_maps(chunks: Sequence[bytes]) -> str:
     return base64.b64encode(packed).decode("ascii")
 
 
-def truncation_note(n_tokens: int, max_len: int) -> str:
-    """What the page says when a text is longer than the context (static/attention.js
-    writes the same words)."""
-    return (f"the text is {n_tokens} tokens long and the model reads at most {max_len}: "
-            f"its first {n_tokens - max_len} tokens were cut, the maps show the last {max_len}")
+def pack_examples(examples: Sequence[AttentionExample],
+                  describe: Callable[[AttentionExample, torch.Tensor], dict]
+                  ) -> tuple[list[dict], list[int], str]:
+    """A widget's examples for the page: per example `describe(example, its weights (L, H, T,
+    S))` (what the page needs to know of it) and the byte offset of its maps, then every
+    example's bytes (quantise_maps, row-major (L, H, T, S)) back to back, packed (pack_maps)."""
+    chunks, metas, offsets, offset = [], [], [], 0
+    for e in examples:
+        w = e.as_4d()
+        metas.append(describe(e, w))
+        quantised = quantise_maps(w)
+        chunks.append(quantised.tobytes())
+        offsets.append(offset)
+        offset += quantised.size
+    return metas, offsets, pack_maps(chunks)
+
+
+def truncation_note(n_tokens: int, limit: int, context: int | None = None) -> str:
+    """What the page says when a text has more than `limit` tokens and keeps its last ones
+    (static/maps.js writes the same words); `context`, the model's, when it is larger than
+    the limit (the head explorer keeps fewer tokens than its model reads)."""
+    if context is None or context == limit:
+        return (f"the text is {n_tokens} tokens long and the model reads at most {limit}: "
+                f"its first {n_tokens - limit} tokens were cut, the maps show the last {limit}")
+    return (f"the text is {n_tokens} tokens long and this explorer shows at most {limit} "
+            f"(the model reads up to {context}): its first {n_tokens - limit} tokens were cut, "
+            f"the maps show the last {limit}")
 
 
 @torch.no_grad()
-def gpt_attention_example(model: GPT, tokenizer: BPETokenizer, text: str,
-                          name: str | None = None) -> AttentionExample:
+def gpt_attention_example(model: GPT, tokenizer: Tokenizer, text: str, name: str | None = None,
+                          max_tokens: int | None = None) -> AttentionExample:
     """A GPT's attention weights (L, H, T, T) on `text`, as the page computes them: the ids
-    of encode_ordinary (special-token strings are plain text), the last max_len of them."""
+    of encode_ordinary (special-token strings are plain text), the last min(max_tokens,
+    context) of them (max_tokens=None: the model's context, max_len)."""
+    check_decoder(model, tokenizer)
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"expected some text to run the model on, got {text!r:.80}")
+    context = model.config.max_len
+    limit = context if max_tokens is None else min(check_max_tokens(max_tokens), context)
     ids = tokenizer.encode_ordinary(text)
-    max_len = model.config.max_len
-    note = truncation_note(len(ids), max_len) if len(ids) > max_len else ""
-    ids = ids[-max_len:]
+    if not ids:
+        raise ValueError(f"the text has no tokens: {text!r:.60}")
+    note = truncation_note(len(ids), limit, context) if len(ids) > limit else ""
+    ids = ids[-limit:]
     was_training = model.training
     model.eval()
     try:
         attentions = model(torch.tensor([ids]), need_weights=True).attentions
     finally:
         model.train(was_training)
-    weights = torch.stack(attentions)[:, 0]  # L x (1, H, T, T) -> (L, H, T, T)
+    if not attentions:
+        raise ValueError(f"{type(model).__name__} returned no attention weights "
+                         f"(need_weights=True gave an empty list)")
+    weights = torch.stack(attentions)[:, 0].float()  # L x (1, H, T, T) -> (L, H, T, T)
     tokens = [token_label(tokenizer, i) for i in ids]  # pieces of a character in hex
     return AttentionExample(text if name is None else name, tokens, weights, note=note)
 
@@ -137,7 +207,7 @@ def gpt_attention_example(model: GPT, tokenizer: BPETokenizer, text: str,
 class AttentionMap(Widget):
     """Explore attention maps: layers x heads grid, one head in large, hover a token."""
 
-    _esm = bundle("attention.js")
+    _esm = maps_module("attention.js")
 
     examples = traitlets.List().tag(sync=True)  # [{name, tokens, keys, cross, shape, note}]
     data = traitlets.Unicode("").tag(sync=True)  # base64 of deflated uint8 maps (pack_maps)
@@ -188,21 +258,16 @@ class AttentionMap(Widget):
         return widget
 
     def _set_examples(self, examples: list[AttentionExample]) -> None:
-        chunks, meta, offsets, offset = [], [], [], 0
-        for e in examples:
-            w = e.as_4d()
-            quantised = quantise_maps(w)
-            chunks.append(quantised.tobytes())  # row-major (L, H, T, S)
+        def describe(e: AttentionExample, w: torch.Tensor) -> dict:
             keys = e.tokens if e.source_tokens is None else e.source_tokens
-            meta.append({"name": e.name, "tokens": [str(t) for t in e.tokens],
-                         "keys": [str(t) for t in keys], "cross": e.source_tokens is not None,
-                         "shape": list(w.shape), "note": e.note})
-            offsets.append(offset)
-            offset += quantised.size
+            return {"name": e.name, "tokens": [str(t) for t in e.tokens],
+                    "keys": [str(t) for t in keys], "cross": e.source_tokens is not None,
+                    "shape": list(w.shape), "note": e.note}
+
+        meta, offsets, data = pack_examples(examples, describe)
         self._examples = examples
         with self.hold_sync():  # one message: the page never sees new names with old maps
-            self.examples, self.offsets = meta, offsets
-            self.data = pack_maps(chunks)
+            self.examples, self.offsets, self.data = meta, offsets, data
 
     def compute(self, text: str = "") -> None:
         """Run the attached model on new text and show its attention as a new example."""

@@ -13,7 +13,8 @@ causal, the tokens on both axes and the weight under the pointer.
 The texts. A menu holds the texts whose patterns Python computed when the page was made,
 stored as the attention-map widget stores its maps (tfbook/widgets/attention.py): one byte a
 weight, round(255 w), every example's (L, H, T, T) bytes back to back, deflated and in base64
-(`quantise_maps`, `pack_maps`); the page inflates them once. A text box runs the reader's
+(`quantise_maps`, `pack_maps`); the page inflates them once, with the helpers the two
+widgets share (static/maps.js, put together by `maps_module`). A text box runs the reader's
 own text: in Jupyter Python runs the model (`compute`, through the request/done messages of
 tfbook/widgets/base.py); in the static page a small GPT carried by the page
 (`page_model=True`: tfbook/widgets/page_model.py, static/gpt.js) runs it in the browser; a
@@ -37,57 +38,25 @@ import traitlets
 
 from tfbook.models.gpt import GPT
 from tfbook.tokenizers.base import Tokenizer
-from tfbook.widgets.attention import AttentionExample, pack_maps, quantise_maps, truncation_note
-from tfbook.widgets.base import STATIC, Widget, _text_to_page, check_typed, page_text
-from tfbook.widgets.explorer import _check_decoder
-from tfbook.widgets.page_model import (
-    check_dtype,
-    gpt_js_script_safe,
-    page_payload,
-    payload_json,
-    quantised_reference,
-    token_label,
+from tfbook.widgets.attention import (
+    AttentionExample,
+    check_decoder,
+    check_max_tokens,
+    gpt_attention_example,
+    maps_module,
+    pack_examples,
+    quantise_maps,
 )
+from tfbook.widgets.base import Widget, _text_to_page, check_typed, page_text
+from tfbook.widgets.page_model import check_dtype, page_payload, payload_json, quantised_reference
 
 MAX_TEXT_CHARS = 2000  # what the text box takes
 MAX_TOKENS = 64  # the tokens a text keeps by default (its last ones)
 # the packed maps of every text (base64 characters): SmolLM2's 270 heads at 64 tokens are
 # about 1.1 MB of bytes a text before deflate
 MAX_DATA_CHARS = 4_000_000
-TYPED_NAME = "your text"  # the example of the reader's text (static/attention.js's name)
-EMPTY_TEXT = "the text box is empty: type a sentence to see its attention"
-
-
-def _helpers_of(script: str) -> str:
-    """The helpers of a widget's script: its text before `function render(` (the shared
-    constants and functions every widget of that file uses)."""
-    text = (STATIC / script).read_text(encoding="utf-8")
-    if text.count("\nfunction render(") != 1:
-        raise RuntimeError(f"static/{script} must define render() once, after its helpers")
-    return text[:text.index("\nfunction render(")]
-
-
-def heads_script(with_page_model: bool) -> str:
-    """The widget's ES module: common.js, tokenspans.js (showWhitespace), the map helpers
-    of attention.js (PALETTE, inflateMaps, paintBytes, truncationNote), gpt.js when the page
-    carries a model, then heads.js."""
-    parts = [(STATIC / "common.js").read_text(encoding="utf-8"),
-             (STATIC / "tokenspans.js").read_text(encoding="utf-8"),
-             _helpers_of("attention.js")]
-    if with_page_model:
-        parts.append(gpt_js_script_safe())
-    parts.append((STATIC / "heads.js").read_text(encoding="utf-8"))
-    return "\n".join(parts)
-
-
-def cut_note(n_tokens: int, limit: int, context: int) -> str:
-    """What the page says when a text has more than `limit` tokens (static/heads.js writes
-    the same words): the attention map's note when the limit is the model's context."""
-    if limit == context:
-        return truncation_note(n_tokens, limit)
-    return (f"the text is {n_tokens} tokens long and this explorer shows at most {limit} "
-            f"(the model reads up to {context}): its first {n_tokens - limit} tokens were cut, "
-            f"the maps show the last {limit}")
+TYPED_NAME = "your text"  # the example of the reader's text (static/maps.js's name)
+EMPTY_TEXT = "the text box is empty: type a sentence to see its attention"  # maps.js's too
 
 
 def check_text(text: object) -> str:
@@ -95,48 +64,15 @@ def check_text(text: object) -> str:
     return check_typed(text, "text", MAX_TEXT_CHARS, EMPTY_TEXT, "the head explorer")
 
 
-def _check_model(model: object, tokenizer: object) -> None:
-    _check_decoder(model)  # the model explorer's check: any tfbook decoder
-    if not isinstance(tokenizer, Tokenizer):
-        raise TypeError(f"tokenizer must be a tfbook tokenizer (tfbook.tokenizers), got "
-                        f"{type(tokenizer).__name__}")
-
-
-def _check_max_tokens(max_tokens: object) -> int:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r:.40}")
-    return max_tokens
-
-
-@torch.no_grad()
 def head_example(model: GPT, tokenizer: Tokenizer, text: str, name: str | None = None,
                  max_tokens: int = MAX_TOKENS) -> AttentionExample:
-    """The attention weights (L, H, T, T) of every head of `model` on `text`:
-    model(torch.tensor([ids]), need_weights=True).attentions, on the ids of encode_ordinary
-    (special-token strings are plain text), the last min(max_tokens, context) of them."""
-    _check_model(model, tokenizer)
+    """The attention weights (L, H, T, T) of every head of `model` on the last
+    min(max_tokens, context) tokens of `text` (gpt_attention_example), named after the text
+    (its first 59 characters and "…" when longer than 60)."""
     check_text(text)
-    context = model.config.max_len
-    limit = min(_check_max_tokens(max_tokens), context)
-    ids = tokenizer.encode_ordinary(text)
-    if not ids:
-        raise ValueError(f"the text has no tokens: {text!r:.60}")
-    note = cut_note(len(ids), limit, context) if len(ids) > limit else ""
-    ids = ids[-limit:]
-    was_training = model.training
-    model.eval()
-    try:
-        attentions = model(torch.tensor([ids]), need_weights=True).attentions
-    finally:
-        model.train(was_training)
-    if not attentions:
-        raise ValueError(f"{type(model).__name__} returned no attention weights "
-                         f"(need_weights=True gave an empty list)")
-    weights = torch.stack(attentions)[:, 0].float()  # L x (1, H, T, T) -> (L, H, T, T)
-    tokens = [token_label(tokenizer, i) for i in ids]  # pieces of a character in hex
     if name is None:
         name = text if len(text) <= 60 else text[:59] + "…"
-    return AttentionExample(name, tokens, weights, note=note)
+    return gpt_attention_example(model, tokenizer, text, name, max_tokens)
 
 
 def check_scores(scores: object) -> dict[str, np.ndarray]:
@@ -187,7 +123,7 @@ def _examples_to_page(examples: Any, _widget: Any) -> Any:
 class HeadExplorer(Widget):
     """All heads of a model as a grid coloured by a score; click one to see its pattern."""
 
-    _esm = heads_script(with_page_model=False)
+    _esm = maps_module("heads.js", helpers=["tokenspans.js"])
 
     title = traitlets.Unicode("").tag(sync=True, to_json=_text_to_page)  # above the grid
     score_names = traitlets.List(traitlets.Unicode()).tag(sync=True, to_json=_strings_to_page)
@@ -237,7 +173,7 @@ class HeadExplorer(Widget):
         self._shape = (L, H)
         self._run = run
         self._fixed = len(examples)  # the texts given; a reader's text comes after them
-        limit = _check_max_tokens(max_tokens)
+        limit = check_max_tokens(max_tokens)
         with self.hold_sync():
             self.title = title
             self.score_names = names
@@ -261,7 +197,7 @@ class HeadExplorer(Widget):
         Python runs the reader's text. page_model=True also puts a small GPT in the page
         (export_page_model, at most 3 MB), so the static page runs the reader's text; the
         patterns are then those of the page's weights (quantised_reference)."""
-        _check_model(model, tokenizer)
+        check_decoder(model, tokenizer)
         if isinstance(texts, str):
             texts = [texts]
         if (not isinstance(texts, Sequence) or not texts
@@ -279,36 +215,29 @@ class HeadExplorer(Widget):
                                   f"small GPTs only ({error}); with page_model=False the "
                                   f"reader's text needs a kernel") from None
             model = quantised_reference(model, dtype)  # the weights the page computes with
-        limit = min(_check_max_tokens(max_tokens), model.config.max_len)
+        limit = min(check_max_tokens(max_tokens), model.config.max_len)
         examples = [head_example(model, tokenizer, t, max_tokens=limit) for t in texts]
         widget = cls(scores, examples,
                      run=lambda text: head_example(model, tokenizer, text, TYPED_NAME, limit),
                      score=score, title=title, layer=layer, head=head, max_tokens=limit,
                      context=model.config.max_len)
         if payload is not None:
-            widget._esm = heads_script(with_page_model=True)
+            widget._esm = maps_module("heads.js", page_model=True, helpers=["tokenspans.js"])
             widget.page_model = payload_json(payload)
         return widget
 
     def _set_examples(self, examples: list[AttentionExample]) -> None:
-        chunks, meta, offsets, offset = [], [], [], 0
-        for e in examples:
-            if isinstance(e.tokens, Sequence) and len(e.tokens) == 0:  # before as_4d's checks
-                raise ValueError(f"example {e.name!r:.40} has no tokens: give it a text")
-            w = e.as_4d()
+        def describe(e: AttentionExample, w: torch.Tensor) -> dict:
             if e.source_tokens is not None:
                 raise ValueError(f"example {e.name!r:.40}: the head explorer shows "
                                  f"self-attention, got cross-attention (source_tokens)")
             if tuple(w.shape[:2]) != self._shape:
                 raise ValueError(f"example {e.name!r:.40} has (L, H) = {tuple(w.shape[:2])} "
                                  f"heads, the scores have {self._shape}")
-            quantised = quantise_maps(w)
-            chunks.append(quantised.tobytes())  # row-major (L, H, T, T)
-            meta.append({"name": str(e.name), "tokens": [str(t) for t in e.tokens],
-                         "note": e.note, "T": int(w.shape[-1])})
-            offsets.append(offset)
-            offset += quantised.size
-        data = pack_maps(chunks)
+            return {"name": str(e.name), "tokens": [str(t) for t in e.tokens], "note": e.note,
+                    "T": int(w.shape[-1])}
+
+        meta, offsets, data = pack_examples(examples, describe)
         if len(data) > MAX_DATA_CHARS:
             raise ValueError(f"the maps of {len(examples)} texts take {len(data):,} characters "
                              f"in the page, more than {MAX_DATA_CHARS:,}: give fewer or shorter "
@@ -340,4 +269,4 @@ class HeadExplorer(Widget):
         return quantise_maps(w)
 
 
-__all__ = ["HeadExplorer", "check_scores", "cut_note", "head_example", "heads_script"]
+__all__ = ["HeadExplorer", "check_scores", "head_example"]

@@ -2,73 +2,19 @@
 // of what the selected query token attends to. Hover the large map (or click a token) to
 // pick the query; click a small map (or use the sliders) to pick the layer and head.
 //
-// Python sends every map as bytes (round(255 w)), examples back to back in (L, H, T, S)
-// order, deflated and in base64 (tfbook/widgets/attention.py, pack_maps); the page inflates
-// them once (DecompressionStream). Then it paints only what changed, so that 72 heads of
-// 512 tokens stay quick:
+// After common.js and maps.js. It paints only what changed, so 72 heads of 512 tokens stay
+// quick:
 //   - a small map once per example: a pixel holds the largest byte of the cells it covers;
 //   - the large map once per layer/head, one pixel per cell (CSS scales it up);
 //   - the selected query as a rectangle on a canvas laid over the large map (a hover);
 //   - the token strips once per example; a new query or head recolours the key tokens.
 //
-// With a page model (from_page_model puts a small GPT's payload in `page_model`, and gpt.js
-// comes before this file), the text box works without a kernel: the page encodes the text
-// (PageTokenizer), keeps its last max_len tokens (fitContext, and says so), runs PageGPT's
-// forward with its attention weights, and shows them as one more example, "your text".
-// That run lives in this view only (pageRun). In Jupyter, with a kernel, Python computes.
+// With a page model (from_page_model; gpt.js), the text box works without a kernel: the
+// page runs it (pageRunner) as one more example, "your text", in this view only.
 // Token text is always set with textContent, never as HTML.
 
 const CELL_GRID = 52;  // size of a small map, px (a narrow column shrinks it, to 20 px)
 const CELL_MIN = 20;
-const TYPED_NAME = "your text";  // the example of the reader's text (Python's name too)
-const EMPTY_TEXT = "the text box is empty: type a sentence to see its attention";
-
-/** Colour of byte v (weight v / 255), as common.js's sequentialColor: r, g, b per byte. */
-const PALETTE = (() => {
-  const rgb = new Uint8ClampedArray(256 * 3);
-  for (let v = 0; v < 256; v++) {
-    rgb[3 * v] = Math.round(255 - (215 * v) / 255);
-    rgb[3 * v + 1] = Math.round(255 - (155 * v) / 255);
-    rgb[3 * v + 2] = Math.round(255 - (55 * v) / 255);
-  }
-  return rgb;
-})();
-
-/** base64 text -> its bytes (Uint8Array.fromBase64 where the browser has it: faster). */
-function fromBase64(text) {
-  if (typeof Uint8Array.fromBase64 === "function") return Uint8Array.fromBase64(text);
-  const raw = atob(text);
-  const bytes = new Uint8Array(raw.length);
-  for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
-  return bytes;
-}
-
-/** Python's pack_maps undone: base64 -> deflate stream (zlib format) -> the map bytes. */
-async function inflateMaps(text) {
-  if (typeof DecompressionStream === "undefined") {
-    throw new Error("this browser cannot unpack the maps (it has no DecompressionStream)");
-  }
-  const stream = new Blob([fromBase64(text)]).stream()
-    .pipeThrough(new DecompressionStream("deflate"));
-  return new Uint8Array(await new Response(stream).arrayBuffer());
-}
-
-/** Paint rows x cols bytes from `start` into `canvas`, one pixel per byte. */
-function paintBytes(canvas, bytes, start, rows, cols) {
-  canvas.width = cols;
-  canvas.height = rows;
-  const ctx = canvas.getContext("2d");
-  const image = ctx.createImageData(cols, rows);
-  const px = image.data;
-  for (let i = 0; i < rows * cols; i++) {
-    const v = 3 * bytes[start + i];
-    px[4 * i] = PALETTE[v];
-    px[4 * i + 1] = PALETTE[v + 1];
-    px[4 * i + 2] = PALETTE[v + 2];
-    px[4 * i + 3] = 255;
-  }
-  ctx.putImageData(image, 0, 0);
-}
 
 /** A (T, S) map shrunk to h x w (h <= T, w <= S): each pixel the largest byte of its block,
  *  rows [floor(y T / h), floor((y + 1) T / h)) and the same for columns. */
@@ -85,12 +31,6 @@ function shrinkMap(bytes, start, T, S, h, w) {
     }
   }
   return out;
-}
-
-/** The same words as Python's truncation_note. */
-function truncationNote(nTokens, maxLen) {
-  return `the text is ${nTokens} tokens long and the model reads at most ${maxLen}: ` +
-    `its first ${nTokens - maxLen} tokens were cut, the maps show the last ${maxLen}`;
 }
 
 function render({ model, el: element }) {
@@ -140,39 +80,12 @@ function render({ model, el: element }) {
     liveRow,
   );
 
-  // --- the data: Python's examples (inflated once per `data`) and the page's own run ------
-  let inflated = { from: null, bytes: null };  // the maps of model.get("data"), once unpacked
-  let typed = null;  // {meta, bytes, offset: 0, key} of the text the page ran itself
-  let version = 0;  // bumped whenever the bytes behind an example may change
-
-  function unpack() {
-    const data = model.get("data");
-    if (inflated.from === data) return;
-    inflated = { from: data, bytes: null };
-    inflateMaps(data).then((bytes) => {
-      if (inflated.from !== data) return;  // newer data arrived meanwhile
-      inflated.bytes = bytes;
-      version += 1;
-      draw();
-    }, (error) => {
-      caption.textContent = error.message;
-    });
-  }
-
-  /** Every example shown: Python's, then the page's run. */
-  function exampleList() {
-    const metas = model.get("examples");
-    const offsets = model.get("offsets");
-    if (!inflated.bytes || inflated.from !== model.get("data") ||
-        offsets.length !== metas.length) return null;
-    const list = metas.map((meta, i) => ({ meta, bytes: inflated.bytes, offset: offsets[i],
-                                           key: `${version}:${i}` }));
-    if (typed) list.push(typed);
-    return list;
-  }
+  // --- the data: Python's examples, then the page's own run --------------------------------
+  const maps = mapStore(model, () => model.get("examples"), draw,
+                        (message) => { caption.textContent = message; });
 
   function current() {
-    const list = exampleList();
+    const list = maps.list();
     if (!list || !list.length) return null;
     const e = Math.min(Math.max(model.get("example"), 0), list.length - 1);
     const { meta: ex, bytes, offset, key } = list[e];
@@ -191,18 +104,13 @@ function render({ model, el: element }) {
   const mapStart = (c, l, h) => c.offset + ((l * c.H + h) * c.T) * c.S;
 
   // --- drawing: each part remembers what it shows and repaints only when that changes -----
-  const shown = { names: null, grid: null, cells: [], selected: null, big: null, cell: 0,
+  const shown = { grid: null, cells: [], selected: null, big: null, cell: 0,
                   overlayQuery: null, strips: null, querySpans: [], keySpans: [],
                   stripQuery: null, keys: null };
 
   function drawPicker(c) {
-    const names = c.list.map((x) => x.meta.name);
-    if (shown.names !== names.join("\u0000")) {
-      shown.names = names.join("\u0000");
-      picker.replaceChildren(...names.map((name, i) => el("option", { value: i }, name)));
-    }
-    picker.value = String(c.e);
-    picker.style.display = names.length > 1 ? "" : "none";
+    setOptions(picker, c.list.map((x) => x.meta.name), c.e);
+    picker.style.display = c.list.length > 1 ? "" : "none";
   }
 
   function drawGrid(c) {
@@ -293,7 +201,6 @@ function render({ model, el: element }) {
 
   function draw() {
     errorBox.textContent = pageError || fromPage(model.get("error"));
-    unpack();
     const c = current();
     if (!c) return;
     drawPicker(c);
@@ -312,60 +219,26 @@ function render({ model, el: element }) {
   // --- the reader's text: Python (a kernel) or the page model -----------------------------
   let live = false;
   let pageError = "";
-  let gpt = null;  // the PageGPT, decoded from the payload on the first run
-  let runs = 0;
-  let pending = false;
   const hasPageModel = () => model.get("page_model") !== "";
   const inPython = () => live && model.get("can_run");
   const inPage = () => !inPython() && hasPageModel();
-
-  /** Run the page model on the text box and show its maps as the example "your text". */
-  function runHere() {
-    pending = false;
-    const text = textInput.value;
-    pageError = "";
-    if (text.trim() === "") {
-      status.textContent = EMPTY_TEXT;
-      draw();
-      return;
+  const runInPage = pageRunner(model, { input: textInput, status }, (run, error) => {
+    pageError = error;
+    if (run) {  // the page's example comes last, after Python's
+      const { tokens, L, H, T } = run;
+      maps.showRun(run, { name: TYPED_NAME, tokens, keys: tokens, cross: false,
+                          shape: [L, H, T, T], note: run.note });
+      node.pageRun = run;  // for inspection
+      pick({ example: model.get("examples").length, query: Math.min(model.get("query"), T - 1) });
     }
-    try {
-      gpt = gpt || new PageGPT(JSON.parse(model.get("page_model")));
-      const start = performance.now();
-      const all = gpt.tokenizer.encode(text);
-      const { ids, dropped } = fitContext(all, gpt.config.max_len);
-      const { attentions } = gpt.forward(ids, { needWeights: true, lastOnly: true });
-      const T = ids.length, L = attentions.length, H = gpt.config.n_heads;
-      const bytes = new Uint8Array(L * H * T * T);  // (L, H, T, T), as Python's bytes
-      attentions.forEach((w, l) => {  // w (H, T, T)
-        for (let i = 0; i < w.length; i++) bytes[l * H * T * T + i] = Math.round(w[i] * 255);
-      });
-      const tokens = ids.map((id) => gpt.tokenizer.tokenText(id));
-      const ms = performance.now() - start;
-      runs += 1;
-      typed = {
-        meta: { name: TYPED_NAME, tokens, keys: tokens, cross: false, shape: [L, H, T, T],
-                note: dropped ? truncationNote(all.length, gpt.config.max_len) : "" },
-        bytes, offset: 0, key: `page${runs}`,
-      };
-      node.pageRun = { ids, tokens, dropped, attentions, ms, runs };  // for inspection
-      status.textContent = `computed in this page in ${ms.toFixed(0)} ms`;
-    } catch (error) {
-      pageError = error.message;  // e.g. a lone surrogate; the maps stay as they were
-      draw();
-      return;
-    }
-    const index = model.get("examples").length;  // the page's example comes last
-    pick({ example: index, query: Math.min(model.get("query"), typed.meta.tokens.length - 1) });
     draw();
-  }
+  });
 
   function runText() {
     if (inPython()) {
       request(model, { text: textInput.value });
-    } else if (inPage() && !pending) {
-      pending = true;  // one run per frame however fast the reader types
-      requestAnimationFrame(runHere);
+    } else if (inPage()) {
+      runInPage();
     }
   }
 
@@ -405,7 +278,7 @@ function render({ model, el: element }) {
                       "error"]) {
     model.on(`change:${name}`, draw);
   }
-  model.on("change:page_model", () => { gpt = null; drawMode(); });
+  model.on("change:page_model", drawMode);
   model.on("change:can_run", drawMode);
   draw();
 }

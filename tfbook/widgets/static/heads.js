@@ -3,10 +3,9 @@
 // beside it the attention pattern of the selected head on the selected text, queries as
 // rows and keys as columns, with the tokens on both axes and the weight under the pointer.
 //
-// Python sends each text's maps as bytes, round(255 w), in (L, H, T, T) order, deflated and
-// in base64 (attention.py's pack_maps). This file comes after common.js, tokenspans.js
-// (showWhitespace) and the helpers of attention.js (PALETTE, inflateMaps, paintBytes,
-// truncationNote, TYPED_NAME, EMPTY_TEXT), and after gpt.js when the page carries a model.
+// Each text's maps arrive as maps.js says, in (L, H, T, T) order. This file comes after
+// common.js, tokenspans.js (showWhitespace), maps.js (inflateMaps, paintBytes, pageRunner,
+// TYPED_NAME, EMPTY_TEXT) and, when the page carries a model, gpt.js.
 //
 // What is drawn when: the grid's cells once (another score changes only their colours and
 // labels); the pattern once per text, head and cell size, one pixel a weight scaled up by
@@ -85,15 +84,6 @@ function scoreText(v) {
   return String(Number(v.toPrecision(4)));
 }
 
-/** The cut note of tfbook/widgets/heads.py (cut_note): the attention map's when the limit is the
- *  model's context. */
-function headsCutNote(nTokens, limit, context) {
-  if (limit === context) return truncationNote(nTokens, limit);
-  return `the text is ${nTokens} tokens long and this explorer shows at most ${limit} ` +
-    `(the model reads up to ${context}): its first ${nTokens - limit} tokens were cut, ` +
-    `the maps show the last ${limit}`;
-}
-
 function render({ model, el: element }) {
   const started = performance.now();
   const node = root(element, "tfw-heads");
@@ -170,23 +160,8 @@ function render({ model, el: element }) {
                    el("div", { class: "tfw-patternbox" }, heat), patternNote, readout);
   node.append(el("div", { class: "tfw-body" }, el("div", {}, gridBox, hoverLine), panel));
 
-  // --- the data: Python's texts (inflated once per `data`) and the page's own run -----------
-  let inflated = { from: null, bytes: null };
-  let typed = null;  // {meta, bytes, offset: 0, key} of the text the page ran itself
-  let version = 0;  // bumped whenever the bytes behind an example may change
+  // --- the data: Python's texts, then the page's own run -----------------------------------
   let decoded = { from: null, metas: [] };
-
-  function unpack() {
-    const data = model.get("data");
-    if (inflated.from === data) return;
-    inflated = { from: data, bytes: null };
-    inflateMaps(data).then((bytes) => {
-      if (inflated.from !== data) return;  // newer data arrived meanwhile
-      inflated.bytes = bytes;
-      version += 1;
-      draw();
-    }, (error) => { said.textContent = error.message; });
-  }
 
   /** Python's examples with their text read back from the page (fromPage), once. */
   function metas() {
@@ -198,20 +173,10 @@ function render({ model, el: element }) {
     return decoded.metas;
   }
 
-  /** Every text shown: Python's, then the page's run. */
-  function exampleList() {
-    const list = metas(), offsets = model.get("offsets");
-    if (!inflated.bytes || inflated.from !== model.get("data") || offsets.length !== list.length) {
-      return null;
-    }
-    const all = list.map((meta, i) => ({ meta, bytes: inflated.bytes, offset: offsets[i],
-                                         key: `${version}:${i}` }));
-    if (typed) all.push(typed);
-    return all;
-  }
+  const maps = mapStore(model, metas, draw, (message) => { said.textContent = message; });
 
   function current() {
-    const list = exampleList();
+    const list = maps.list();
     if (!list || !list.length) return null;
     const e = Math.min(Math.max(model.get("example"), 0), list.length - 1);
     const { meta, bytes, offset, key } = list[e];
@@ -227,7 +192,7 @@ function render({ model, el: element }) {
   }
 
   // --- drawing: each part remembers what it shows ---------------------------------------------
-  const shown = { title: null, scores: null, score: null, names: null, selected: null,
+  const shown = { title: null, scores: null, score: null, selected: null,
                   labels: null, pattern: null, cell: 0, T: 0, masked: false };
   let hoverCell = null;
 
@@ -255,12 +220,7 @@ function render({ model, el: element }) {
     if (shown.scores === model.get("scores") && shown.score === key) return;
     shown.scores = model.get("scores");
     shown.score = key;
-    const names = model.get("score_names").map(fromPage);
-    if (shown.names !== names.join("\u0000")) {
-      shown.names = names.join("\u0000");
-      scorePicker.replaceChildren(...names.map((name, i) => el("option", { value: i }, name)));
-    }
-    scorePicker.value = String(model.get("score"));
+    setOptions(scorePicker, model.get("score_names").map(fromPage), model.get("score"));
     const name = scoreName();
     const { lo, hi, vmax } = scoreRange();
     for (let l = 0; l < L; l++) {
@@ -365,15 +325,6 @@ function render({ model, el: element }) {
     return true;
   }
 
-  function drawTextPicker(c) {
-    const names = c.list.map((x) => x.meta.name);
-    if (shown.textNames !== names.join("\u0000")) {
-      shown.textNames = names.join("\u0000");
-      textPicker.replaceChildren(...names.map((name, i) => el("option", { value: i }, name)));
-    }
-    textPicker.value = String(c.e);
-  }
-
   function draw() {
     errorBox.textContent = pageError || fromPage(model.get("error"));
     const text = fromPage(model.get("title"));
@@ -383,14 +334,13 @@ function render({ model, el: element }) {
       title.style.display = text ? "" : "none";
     }
     drawScores();
-    unpack();
     const c = current();
     drawSelection();
     if (!c) {
       if (!said.textContent) said.textContent = "unpacking the patterns…";
       return;
     }
-    drawTextPicker(c);
+    setOptions(textPicker, c.list.map((x) => x.meta.name), c.e);
     said.textContent = `layer ${c.layer}, head ${c.head}: ${scoreName()} ` +
       `${scoreText(scoreOf(c.layer, c.head))}; its pattern on “${c.meta.name}”, ${c.T} tokens`;
     if (drawPattern(c) && times.firstDraw === null) {
@@ -501,56 +451,24 @@ function render({ model, el: element }) {
   // --- the reader's text: Python (a kernel) or the page model ---------------------------------
   let live = false;
   let pageError = "";
-  let gpt = null;  // the PageGPT, decoded from the payload on the first run
-  let runs = 0;
-  let pending = false;
   const hasPageModel = () => model.get("page_model") !== "";
   const inPython = () => live && model.get("can_run");
   const inPage = () => !inPython() && hasPageModel();
-
-  /** Run the page model on the text box and show its patterns as the text "your text". */
-  function runHere() {
-    pending = false;
-    const text = textInput.value;
-    pageError = "";
-    if (text.trim() === "") {
-      status.textContent = EMPTY_TEXT;
-      draw();
-      return;
+  const check = (run) => {
+    if (run.L !== L || run.H !== H) {
+      throw new Error(`the page model has ${run.L} x ${run.H} heads, the grid ${L} x ${H}`);
     }
-    try {
-      gpt = gpt || new PageGPT(JSON.parse(model.get("page_model")));
-      const start = performance.now();
-      const all = gpt.tokenizer.encode(text);
-      if (!all.length) throw new Error("the text has no tokens");
-      const context = gpt.config.max_len;
-      const limit = Math.min(model.get("max_tokens"), context);
-      const { ids, dropped } = fitContext(all, limit);
-      const { attentions } = gpt.forward(ids, { needWeights: true, lastOnly: true });
-      const T = ids.length, nH = gpt.config.n_heads;
-      if (attentions.length !== L || nH !== H) {
-        throw new Error(`the page model has ${attentions.length} x ${nH} heads, the grid ${L} x ${H}`);
-      }
-      const bytes = new Uint8Array(L * H * T * T);  // (L, H, T, T), as Python's bytes
-      attentions.forEach((w, l) => {  // w (H, T, T)
-        for (let i = 0; i < w.length; i++) bytes[l * H * T * T + i] = Math.round(w[i] * 255);
-      });
-      const tokens = ids.map((id) => gpt.tokenizer.tokenText(id));
-      const ms = performance.now() - start;
-      runs += 1;
-      typed = { meta: { name: TYPED_NAME, tokens, T,
-                        note: dropped ? headsCutNote(all.length, limit, context) : "" },
-                bytes, offset: 0, key: `page${runs}` };
-      node.headsRun = { ids, tokens, dropped, attentions, ms, runs };
-      status.textContent = `computed in this page in ${ms.toFixed(0)} ms`;
-    } catch (error) {
-      pageError = error.message;  // e.g. a lone surrogate: the patterns stay as they were
-      draw();
-      return;
+  };
+  const runInPage = pageRunner(model, { input: textInput, status, check,
+                                        limit: () => model.get("max_tokens") }, (run, error) => {
+    pageError = error;
+    if (run) {  // the page's text comes after Python's
+      maps.showRun(run, { name: TYPED_NAME, tokens: run.tokens, T: run.T, note: run.note });
+      node.pageRun = run;  // for inspection
+      pick({ example: metas().length });
     }
-    pick({ example: metas().length });  // the page's text comes after Python's
     draw();
-  }
+  });
 
   function runText() {
     if (inPython()) {
@@ -560,9 +478,8 @@ function render({ model, el: element }) {
       }
       status.textContent = "";
       request(model, { text: textInput.value });
-    } else if (inPage() && !pending) {
-      pending = true;  // one run per frame however fast the reader types
-      requestAnimationFrame(runHere);
+    } else if (inPage()) {
+      runInPage();
     }
   }
   runButton.addEventListener("click", runText);
@@ -582,8 +499,8 @@ function render({ model, el: element }) {
   }
   watchLive(model, (isLive) => {
     live = isLive;
-    if (inPython() && typed) {  // Python runs the reader's text from now on
-      typed = null;
+    if (inPython() && maps.typed) {  // Python runs the reader's text from now on
+      maps.typed = null;
       pick({ example: Math.min(model.get("example"), metas().length - 1) });
     }
     drawMode();
@@ -594,7 +511,7 @@ function render({ model, el: element }) {
                       "scores", "score_names", "title", "error"]) {
     model.on(`change:${name}`, draw);
   }
-  model.on("change:page_model", () => { gpt = null; drawMode(); });
+  model.on("change:page_model", drawMode);
   model.on("change:can_run", drawMode);
   // a new column width: the pattern's cells follow it (in the next frame, not inside the
   // observer's callback)
