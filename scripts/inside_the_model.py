@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_model import machine  # noqa: E402
 from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
+from tfbook.inspect.attribution import gamma  # noqa: E402
 from tfbook.inspect.patching import (  # noqa: E402
     activation_patching,
     attribution_patching,
@@ -77,6 +78,23 @@ def rounded(x: torch.Tensor | float) -> list | float:
     if isinstance(x, list):
         return [rounded(v) for v in x]
     return float(f"{x:.{DIGITS}g}")
+
+
+def replay_bound(config, pair: dict) -> float:
+    """How far two float32 runs of one model on a prompt pair, summing in different orders (two
+    machines, or two kernel sets), can put the logit difference of a patched run.
+
+    The forward error of an n-term sum is at most gamma_n sum |terms| (Higham 2002, eq. 3.5;
+    gamma_n = n u / (1 - n u), u = 2^-24); n is the longest chain of sums from the input to a
+    logit (per layer: the query/key/value, attention, W_O and both feed-forward products,
+    3C + T + F terms; then the unembedding's C), the terms taken at the scale of the metric
+    (1 + its larger magnitude). The stored run and the replay are each within that of the
+    exact value, hence the factor 2.
+    """
+    T = len(pair["clean_ids"])
+    n = config.n_layers * (3 * config.d_model + T + config.d_ff) + config.d_model
+    scale = 1 + max(abs(pair["clean_metric"]), abs(pair["corrupted_metric"]))
+    return 2 * gamma(n) * scale
 
 
 def score_test(model: torch.nn.Module, vocab_size: int, bos_id: int | None,
