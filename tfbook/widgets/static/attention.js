@@ -2,16 +2,15 @@
 // of what the selected query token attends to. Hover the large map (or click a token) to
 // pick the query; click a small map (or use the sliders) to pick the layer and head.
 //
-// After common.js and maps.js. It paints only what changed, so 72 heads of 512 tokens stay
-// quick:
+// After common.js and maps.js. It paints only what changed (72 heads of 512 tokens stay
+// quick):
 //   - a small map once per example: a pixel holds the largest byte of the cells it covers;
 //   - the large map once per layer/head, one pixel per cell (CSS scales it up);
 //   - the selected query as a rectangle on a canvas laid over the large map (a hover);
 //   - the token strips once per example; a new query or head recolours the key tokens.
 //
-// With a page model (from_page_model; gpt.js), the text box works without a kernel: the
-// page runs it (pageRunner) as one more example, "your text", in this view only.
-// Token text is always set with textContent, never as HTML.
+// With a page model (gpt.js) the page runs the text box (pageRunner). Token text is always
+// set with textContent, never as HTML.
 
 const CELL_GRID = 52;  // size of a small map, px (a narrow column shrinks it, to 20 px)
 const CELL_MIN = 20;
@@ -108,11 +107,6 @@ function render({ model, el: element }) {
                   overlayQuery: null, strips: null, querySpans: [], keySpans: [],
                   stripQuery: null, keys: null };
 
-  function drawPicker(c) {
-    setOptions(picker, c.list.map((x) => x.meta.name), c.e);
-    picker.style.display = c.list.length > 1 ? "" : "none";
-  }
-
   function drawGrid(c) {
     if (shown.grid !== c.key) {
       shown.grid = c.key;
@@ -203,7 +197,8 @@ function render({ model, el: element }) {
     errorBox.textContent = pageError || fromPage(model.get("error"));
     const c = current();
     if (!c) return;
-    drawPicker(c);
+    setOptions(picker, c.list.map((x) => x.meta.name), c.e);
+    picker.style.display = c.list.length > 1 ? "" : "none";
     // a slider only where there is a choice (one layer: no layer slider)
     setChildren(controls, [picker, ...(c.L > 1 ? [layerSlider.node] : []),
                            ...(c.H > 1 ? [headSlider.node] : [])]);

@@ -1,5 +1,4 @@
-// What the attention map and the head explorer share (attention.py's maps_module). Python
-// sends the maps as bytes, round(255 w), deflated and in base64 (pack_maps).
+// What the attention map and the head explorer share (attention.py, maps_module).
 
 const TYPED_NAME = "your text";  // the example of the reader's text (Python's name too)
 const EMPTY_TEXT = "the text box is empty: type a sentence to see its attention";
@@ -51,7 +50,7 @@ function paintBytes(canvas, bytes, start, rows, cols) {
   ctx.putImageData(image, 0, 0);
 }
 
-/** A select element's options, one a name (rebuilt when the names change); `value` on. */
+/** A select's options, one a name (rebuilt when the names change), `value` selected. */
 function setOptions(select, names, value) {
   const key = names.join("\u0000");
   if (select.shownNames !== key) {
@@ -61,15 +60,16 @@ function setOptions(select, names, value) {
   select.value = String(value);
 }
 
-/** The examples a view shows: Python's (`metas()`, the model's `offsets` and `data`,
- *  inflated once per data: then `ready()`, or `failed(message)`), then the page's own run
- *  (`typed`, set by `showRun`). list(): [{meta, bytes, offset, key}], null until inflated. */
+/** The examples shown, [{meta, bytes, offset, key}]: Python's (`data` inflated once, then
+ *  ready()), then the page's run (showRun); null until inflated. */
 function mapStore(model, metas, ready, failed) {
   let inflated = { from: null, bytes: null };
   let version = 0;  // bumped whenever the bytes behind an example may change
   const store = {
     typed: null,
-    showRun(run, meta) { store.typed = { meta, bytes: run.bytes, offset: 0, key: `page${run.runs}` }; },
+    showRun(run, meta) {
+      store.typed = { meta, bytes: run.bytes, offset: 0, key: `page${run.runs}` };
+    },
     list() {
       const data = model.get("data");
       if (inflated.from !== data) {
@@ -100,9 +100,8 @@ function truncationNote(nTokens, limit, context) {
     `tokens were cut, the maps show the last ${limit}`;
 }
 
-/** A function that runs the page model (gpt.js) on `input`'s last limit() tokens at the
- *  next frame, and hands `show` the run {ids, tokens, note, attentions, bytes: (L, H, T, T)
- *  as Python's, ...} or null, and an error ("" for none); `check(run)` may refuse it. */
+/** A function that runs the page model on `input`'s last limit() tokens at the next frame
+ *  and hands `show` the run (its bytes as Python's) or null, and an error ("" if none). */
 function pageRunner(model, { input, status, limit = () => Infinity, check = () => {} }, show) {
   let gpt = null;  // the PageGPT, decoded from the payload on the first run
   let runs = 0;
