@@ -13,7 +13,8 @@ the chapter book/inside/inside_the_model.md, cached in book/inside/data/ (a few 
    answers on both runs, and activation patching (tfbook.inspect.patching) of the residual
    stream by layer x position and of every head's output, query, key and value by layer x
    head, each beside its attribution-patching estimate. One batched forward pass per layer
-   and grid; about 1,100 patched runs in all.
+   and grid; 2,160 cells in all, each a patched run except the positions before the first
+   token the prompts differ in (a patch there changes nothing, and is not run).
 
 Everything is seeded or deterministic; the numbers move only by float rounding from one
 machine to another (the chapter replays some of them live and checks them within derived
