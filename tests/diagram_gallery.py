@@ -309,10 +309,34 @@ def _learning() -> list[Figure]:
             ("learning/lora", "LoRA", lora)]
 
 
+def _inside() -> list[Figure]:
+    from tfbook.diagrams.inspect import hook_point_marks, patching_setup
+    from tfbook.models.gpt import GPT
+    from tfbook.models.llama import tiny_llama
+
+    @functools.cache
+    def model() -> GPT:
+        torch.manual_seed(0)
+        return GPT(tiny_llama()).eval()
+
+    def marks() -> Diagram:
+        return hook_point_marks(model(), 0, torch.randint(0, 256, (1, 12)))
+
+    def patching() -> Diagram:
+        clean = ["When", " Mary", " and", " John", " went", " home", ",", " John", " gave",
+                 " it", " to"]
+        corrupted = [*clean[:1], " John", " and", " Mary", *clean[4:]]
+        return patching_setup(model(), clean, corrupted, (" Mary", " John"), layer=0,
+                              position=1)
+
+    return [("inside/inside_the_model", "hook points", marks),
+            ("inside/inside_the_model", "patching set-up", patching)]
+
+
 def figures() -> list[Figure]:
     """(page, name, a function drawing it) of every diagram, in the book's order."""
     return _intro() + _text() + _attention() + _architectures() + _generation() + _fast() \
-        + _learning()
+        + _learning() + _inside()
 
 
 def page(drawn: list[tuple[str, str, Diagram]]) -> str:
