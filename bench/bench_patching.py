@@ -2,14 +2,15 @@
 
     python bench/bench_patching.py     # prints the tables, writes bench/results/patching.json
 
-The pairs: an indirect-object prompt (Wang et al. 2022), corrupted by making the second
-mention of the subject the other name, and a factual-recall prompt (Meng et al. 2022),
-corrupted by another landmark of as many tokens. For each: the token counts (equal, checked),
-the logit differences of both runs, then the grids tfbook.inspect.patching computes (residual
-stream by layer x position; each head's output, query, key and value by layer x head), each
-sweep's process CPU time, the cells that restore most, and where attribution patching's
-estimate differs most from activation patching. Also the residual sweep run one patched
-prompt per forward pass (batch_size=1), the cost the batching saves.
+The pairs (tfbook.inspect.patching.PAIRS): an indirect-object prompt (Wang et al. 2022),
+corrupted by making the second mention of the subject the other name, and a factual-recall
+prompt (Meng et al. 2022), corrupted by another landmark of as many tokens. For each: the
+token counts (equal, checked), the logit differences of both runs, then the grids
+tfbook.inspect.patching computes (residual stream by layer x position; each head's output,
+query, key and value by layer x head), each sweep's process CPU time, the cells that restore
+most, and where attribution patching's estimate differs most from activation patching. Also
+the residual sweep run one patched prompt per forward pass (batch_size=1), the cost the
+batching saves.
 
 One process, THREADS threads, OMP_WAIT_POLICY=PASSIVE; CPU times (time.process_time, all
 threads) are kept because the machine is shared and its wall-clock times are not steady.
@@ -33,6 +34,8 @@ from bench_model import machine  # noqa: E402  (the same record as the other ben
 
 from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
 from tfbook.inspect.patching import (  # noqa: E402
+    PAIRS,
+    PromptPair,
     activation_patching,
     attribution_patching,
     disagreements,
@@ -41,31 +44,13 @@ from tfbook.inspect.patching import (  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "patching.json"
 THREADS = 2
-# name: (clean prompt, corrupted prompt, answer, wrong answer)
-PAIRS = {
-    "ioi": ("When Mary and John went to the store, John gave a drink to",
-            "When Mary and John went to the store, Mary gave a drink to", " Mary", " John"),
-    "factual": ("The Eiffel Tower is located in the city of",
-                "The Colosseum is located in the city of", " Paris", " Rome"),
-}
 GRIDS = ("residual_pre", "attn.heads", "attn.q", "attn.k", "attn.v")
 
 
-def one_token(tok, text: str) -> int:
-    """The id of `text`, which must be a single token."""
-    ids = tok.encode(text)
-    if len(ids) != 1:
-        raise ValueError(f"{text!r} is {len(ids)} tokens, not one")
-    return ids[0]
-
-
-def run_pair(model, tok, name: str, clean_text: str, corrupted_text: str, answer: str,
-             wrong: str) -> dict:
+def run_pair(model, tok, pair: PromptPair) -> dict:
     """Every grid of one prompt pair, with timings, top cells and disagreements."""
-    clean, corrupted = tok.encode(clean_text), tok.encode(corrupted_text)
-    if len(clean) != len(corrupted):
-        raise ValueError(f"{name}: {len(clean)} and {len(corrupted)} tokens")
-    a, w = one_token(tok, answer), one_token(tok, wrong)
+    clean, corrupted, a, w = pair.encode(tok)  # checked: equal lengths, one-token answers
+    name, answer, wrong = pair.name, pair.answer, pair.wrong
     tokens = [[tok.decode([i]) for i in ids] for ids in (clean, corrupted)]
     labels = [c if c == x else f"{c}/{x}" for c, x in zip(*tokens, strict=True)]
 
@@ -77,7 +62,7 @@ def run_pair(model, tok, name: str, clean_text: str, corrupted_text: str, answer
                    for k, ids in (("clean", clean), ("corrupted", corrupted))}
     print(f"\n{name}: {len(clean)} tokens each; logit diff {answer!r} - {wrong!r}: clean "
           f"{margins['clean']:.3f}, corrupted {margins['corrupted']:.3f}")
-    record = {"clean": clean_text, "corrupted": corrupted_text, "answer": answer,
+    record = {"clean": pair.clean, "corrupted": pair.corrupted, "answer": answer,
               "wrong": wrong, "answer_id": a, "wrong_id": w, "clean_tokens": tokens[0],
               "corrupted_tokens": tokens[1], "labels": labels, "n_tokens": len(clean),
               "logit_diff": margins, "grids": {}}
@@ -122,12 +107,11 @@ def main() -> None:
     model = load_smollm2()
     results = {"pairs": {}}
     for name, pair in PAIRS.items():
-        results["pairs"][name] = run_pair(model, tok, name, *pair)
+        results["pairs"][name] = run_pair(model, tok, pair)
     # the batching's saving: the same residual sweep, one patched prompt per forward pass
-    clean_text, corrupted_text, answer, wrong = PAIRS["ioi"]
-    a, w = one_token(tok, answer), one_token(tok, wrong)
+    clean, corrupted, a, w = PAIRS["ioi"].encode(tok)
     start = time.process_time()
-    single = activation_patching(model, tok.encode(clean_text), tok.encode(corrupted_text),
+    single = activation_patching(model, clean, corrupted,
                                  lambda logits: logit_diff(logits, a, w), "residual_pre",
                                  batch_size=1)
     single_seconds = time.process_time() - start

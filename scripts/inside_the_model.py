@@ -17,9 +17,10 @@ the chapter book/inside/inside_the_model.md, cached in book/inside/data/ (a few 
    token the prompts differ in (a patch there changes nothing, and is not run).
 
 Everything is seeded or deterministic; the numbers move only by float rounding from one
-machine to another (the chapter replays some of them live and checks them within derived
-bounds; tests/test_inside_artefacts.py does the same for other cells). The machine record
-(bench/bench_model.py) is kept for information only: nothing here is a timing.
+machine to another (the chapter replays some of them live and checks them within
+tfbook.inspect.patching.replay_bound; tests/test_inside_artefacts.py does the same for other
+cells). The machine record (bench/bench_model.py) is kept for information only: the CPU
+seconds in the files are not quoted anywhere as a speed.
 Run: .venv/bin/python scripts/inside_the_model.py  (a few minutes of CPU on 2 cores)
 """
 
@@ -39,8 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_model import machine  # noqa: E402
 from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
-from tfbook.inspect.attribution import gamma  # noqa: E402
 from tfbook.inspect.patching import (  # noqa: E402
+    PAIRS,
+    PromptPair,
     activation_patching,
     attribution_patching,
     logit_diff,
@@ -59,16 +61,9 @@ SCORE_SEQUENCES = 16  # sequences the stored scores average over
 REPLAY_SEQUENCES = 4  # the first of them, which the chapter scores again live
 SEED = 0
 DIGITS = 8  # significant digits stored (float32 carries about 7)
-# The prompt pairs: clean and corrupted tokenise to equally many tokens (SmolLM2's tokenizer)
-# and differ at one place; the metric is logit(answer) - logit(wrong) at the last position.
-PAIRS = {
-    "ioi": {"clean": "When Mary and John went to the store, John gave a drink to",
-            "corrupted": "When Mary and John went to the store, Mary gave a drink to",
-            "answer": " Mary", "wrong": " John"},
-    "factual": {"clean": "The Eiffel Tower is located in the city of",
-                "corrupted": "The Colosseum is located in the city of",
-                "answer": " Paris", "wrong": " Rome"},
-}
+# The prompt pairs (tfbook.inspect.patching.PAIRS): an indirect-object and a factual-recall
+# pair, clean and corrupted of equally many tokens; the metric is logit(answer) - logit(wrong)
+# at the last position.
 GRIDS = ("residual_pre", "attn.heads", "attn.q", "attn.k", "attn.v")
 
 
@@ -79,23 +74,6 @@ def rounded(x: torch.Tensor | float) -> list | float:
     if isinstance(x, list):
         return [rounded(v) for v in x]
     return float(f"{x:.{DIGITS}g}")
-
-
-def replay_bound(config, pair: dict) -> float:
-    """How far two float32 runs of one model on a prompt pair, summing in different orders (two
-    machines, or two kernel sets), can put the logit difference of a patched run.
-
-    The forward error of an n-term sum is at most gamma_n sum |terms| (Higham 2002, eq. 3.5;
-    gamma_n = n u / (1 - n u), u = 2^-24); n is the longest chain of sums from the input to a
-    logit (per layer: the query/key/value, attention, W_O and both feed-forward products,
-    3C + T + F terms; then the unembedding's C), the terms taken at the scale of the metric
-    (1 + its larger magnitude). The stored run and the replay are each within that of the
-    exact value, hence the factor 2.
-    """
-    T = len(pair["clean_ids"])
-    n = config.n_layers * (3 * config.d_model + T + config.d_ff) + config.d_model
-    scale = 1 + max(abs(pair["clean_metric"]), abs(pair["corrupted_metric"]))
-    return 2 * gamma(n) * scale
 
 
 def score_test(model: torch.nn.Module, vocab_size: int, bos_id: int | None,
@@ -122,21 +100,16 @@ def scores_record(model: torch.nn.Module, bos_id: int | None, exclude: list[int]
     }
 
 
-def patching_record(model: torch.nn.Module, tokenizer, pair: dict) -> dict:
+def patching_record(model: torch.nn.Module, tokenizer, pair: PromptPair) -> dict:
     """Activation and attribution patching grids of one prompt pair."""
-    clean, corrupted = (tokenizer.encode_ordinary(pair[k]) for k in ("clean", "corrupted"))
-    answer, wrong = (tokenizer.encode_ordinary(pair[k]) for k in ("answer", "wrong"))
-    if len(clean) != len(corrupted) or len(answer) != 1 or len(wrong) != 1:
-        raise ValueError(f"{pair}: the prompts must have equally many tokens and each answer "
-                         f"must be one token; got {len(clean)}, {len(corrupted)} tokens and "
-                         f"answers of {len(answer)} and {len(wrong)}")
-    answer, wrong = answer[0], wrong[0]
+    clean, corrupted, answer, wrong = pair.encode(tokenizer)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return logit_diff(logits, answer, wrong)
 
     labels = [tokenizer.decode([i]) for i in clean]
-    record = {**pair, "clean_ids": clean, "corrupted_ids": corrupted,
+    record = {"clean": pair.clean, "corrupted": pair.corrupted, "answer": pair.answer,
+              "wrong": pair.wrong, "clean_ids": clean, "corrupted_ids": corrupted,
               "answer_id": answer, "wrong_id": wrong, "activation": {}, "attribution": {},
               "cpu_seconds": {}}
     approx = attribution_patching(model, clean, corrupted, metric, list(GRIDS), labels=labels)

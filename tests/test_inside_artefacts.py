@@ -19,6 +19,7 @@ from tfbook.inspect import (
     patch_once,
     repeated_random_tokens,
 )
+from tfbook.inspect.patching import PAIRS, replay_bound
 from tfbook.paths import book_file
 from tfbook.train.corpus_lm import load_trained_gpt
 
@@ -46,6 +47,12 @@ def metric(pair):
     return lambda logits: logit_diff(logits, pair["answer_id"], pair["wrong_id"])
 
 
+def bound(model, pair):
+    """replay_bound for a stored pair: its length and both runs' logit differences."""
+    return replay_bound(model.config, len(pair["clean_ids"]),
+                        [pair["clean_metric"], pair["corrupted_metric"]])
+
+
 def test_files_are_small_and_describe_the_scripts_runs(script, stored, smollm2):
     assert sum((script.OUT / n).stat().st_size for n in stored) < 300_000
     _, tok = smollm2
@@ -62,15 +69,14 @@ def test_files_are_small_and_describe_the_scripts_runs(script, stored, smollm2):
         assert 0 < max(scores[name]["replay"]["rounding"].values()) < 1e-5
     assert scores["smollm2"]["test"]["bos_id"] == tok.bos_id
     assert scores["smollm2"]["test"]["exclude"] == sorted(tok.special_tokens.values())
-    assert set(grids) - {"machine"} == set(script.PAIRS)
-    for name, pair in script.PAIRS.items():
+    assert set(grids) - {"machine"} == set(PAIRS)
+    for name, pair in PAIRS.items():
         g = grids[name]
-        assert {k: g[k] for k in pair} == pair  # the prompts the script has today
-        assert g["clean_ids"] == tok.encode_ordinary(pair["clean"])
-        assert g["corrupted_ids"] == tok.encode_ordinary(pair["corrupted"])
-        assert len(g["clean_ids"]) == len(g["corrupted_ids"])
-        assert [g["answer_id"]] == tok.encode_ordinary(pair["answer"])
-        assert [g["wrong_id"]] == tok.encode_ordinary(pair["wrong"])
+        # the prompts the package names today, and their ids (equally many, one-token answers)
+        assert [g[k] for k in ("clean", "corrupted", "answer", "wrong")] == [
+            pair.clean, pair.corrupted, pair.answer, pair.wrong]
+        assert pair.encode(tok) == (g["clean_ids"], g["corrupted_ids"], g["answer_id"],
+                                    g["wrong_id"])
         T = len(g["clean_ids"])
         for method in ("activation", "attribution"):
             assert set(g[method]) == set(script.GRIDS)
@@ -117,10 +123,10 @@ def test_patching_cells_recompute(script, stored, smollm2, pair_name, what, laye
     where = {"positions": [column]} if what == "residual_pre" else {"heads": [column]}
     live = patch_once(model, pair["clean_ids"], pair["corrupted_ids"], metric(pair),
                       f"blocks.{layer}.{what}", **where)
-    bound = script.replay_bound(model.config, pair)
-    assert abs(live - pair["activation"][what][layer][column]) <= bound
+    budget = bound(model, pair)
+    assert abs(live - pair["activation"][what][layer][column]) <= budget
     # the cell is not one that any value near the corrupted run would pass
-    assert abs(pair["activation"][what][layer][column] - pair["corrupted_metric"]) > 10 * bound
+    assert abs(pair["activation"][what][layer][column] - pair["corrupted_metric"]) > 10 * budget
 
 
 def test_attribution_patching_of_the_factual_pair_recomputes(script, stored, smollm2):
@@ -128,17 +134,8 @@ def test_attribution_patching_of_the_factual_pair_recomputes(script, stored, smo
     pair = stored["patching_grids.json"]["factual"]
     live = attribution_patching(model, pair["clean_ids"], pair["corrupted_ids"], metric(pair),
                                 list(script.GRIDS))
-    bound = script.replay_bound(model.config, pair)
+    budget = bound(model, pair)
     for what in script.GRIDS:
-        assert (live[what].values - torch.tensor(pair["attribution"][what])).abs().max() <= bound
-    assert abs(live["residual_pre"].clean - pair["clean_metric"]) <= bound
-    assert abs(live["residual_pre"].corrupted - pair["corrupted_metric"]) <= bound
-
-
-def test_replay_bound(script, smollm2):
-    """n u (1 + |metric|) with n the longest chain of sums (gamma_n), for each of two runs."""
-    config = smollm2[0].config
-    pair = {"clean_ids": [0] * 10, "clean_metric": 4.0, "corrupted_metric": -9.0}
-    n = 30 * (3 * 576 + 10 + 1536) + 576
-    u = 2.0 ** -24
-    assert script.replay_bound(config, pair) == pytest.approx(2 * n * u / (1 - n * u) * 10)
+        assert (live[what].values - torch.tensor(pair["attribution"][what])).abs().max() <= budget
+    assert abs(live["residual_pre"].clean - pair["clean_metric"]) <= budget
+    assert abs(live["residual_pre"].corrupted - pair["corrupted_metric"]) <= budget

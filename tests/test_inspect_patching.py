@@ -9,14 +9,19 @@ from torch import nn
 from tfbook.hooks import HookPoint
 from tfbook.inspect import add, hook_points, hooks, run_with_cache
 from tfbook.inspect.patching import (
+    FACTUAL,
+    IOI,
+    PAIRS,
     REFERENCE,
     WHAT,
     PatchingResult,
+    PromptPair,
     activation_patching,
     attribution_patching,
     disagreements,
     logit_diff,
     patch_once,
+    replay_bound,
     restored_fraction,
 )
 from tfbook.models.gpt import GPT, GPTConfig
@@ -24,7 +29,6 @@ from tfbook.models.llama import tiny_llama
 
 T, CHANGED = 7, 3  # prompt length; the one position where clean and corrupted differ
 U64 = torch.finfo(torch.float64).eps / 2  # unit roundoff of float64
-U32 = torch.finfo(torch.float32).eps / 2
 
 
 def make(config):
@@ -63,19 +67,11 @@ def metric_for(model, clean, corrupted):
 
 
 def reorder_bound(model, r: PatchingResult) -> float:
-    """How far two float64 runs of the same function that differ only in the order of their
-    sums (a batch of copies against one prompt) can put the metric: the forward error of a sum
-    of n terms is at most n u sum|terms| (Higham's gamma_n); n is the longest chain of sums
-    from the input to a logit (per layer: the q/k/v, attention, W_O and both feed-forward
-    products, C + T + C + C + F terms, plus the unembedding's C), and the terms are taken at
-    the scale of the two logits, |metric| + 1. In restored-fraction units, divided by
-    |clean - corrupted|. RMSNorm rounds its output to float32 whatever the input's dtype
-    (tfbook.normalization.rms_norm), so a Llama-style model in float64 gets float32's u."""
-    c = model.config
-    n = c.n_layers * (3 * c.d_model + T + (c.d_ff or 4 * c.d_model)) + c.d_model
-    scale = 1 + max(abs(r.clean), abs(r.corrupted), float(r.values.abs().max()))
-    u = U32 if c.norm == "rms" else U64
-    return n * u * scale / abs(r.clean - r.corrupted)
+    """replay_bound of two float64 runs that differ only in the order of their sums (a batch of
+    copies against one prompt), at the scale of every metric in the grid, in restored-fraction
+    units (divided by |clean - corrupted|)."""
+    metrics = [r.clean, r.corrupted, *r.values.flatten().tolist()]
+    return replay_bound(model.config, T, metrics, torch.float64) / abs(r.clean - r.corrupted)
 
 
 def no_hooks_left(model):
@@ -112,7 +108,7 @@ def test_patching_everything_restores_the_clean_run_and_nothing_restores_nothing
     assert r.values.shape == (2, T) and r.axes == ("layer", "position")
     assert (r.clean, r.corrupted) == (pytest.approx(clean_m, abs=0), corrupted_m)
     bound = reorder_bound(model, r)
-    assert bound < (1e-2 if model.config.norm == "rms" else 1e-9)
+    assert bound < 1e-9  # float64 throughout (RMSNorm keeps float64 input in float64)
     restored = r.restored
     assert abs(restored[0, CHANGED].item() - 1) <= bound
     # positions whose clean and corrupted tensors are equal (bit for bit: the same kernels
@@ -377,3 +373,49 @@ def test_bad_models_and_metrics(llama):
         attribution_patching(llama, clean, corrupted,
                              lambda logits: logits[:, -1].argmax(-1).double())
     assert no_hooks_left(llama)
+
+
+# -- the prompt pairs and the replay budget -----------------------------------------------------
+
+class WordTokenizer:
+    """One token per word, with its leading space (enough to count tokens)."""
+
+    def encode_ordinary(self, text):
+        return [hash(w) % 1000 for w in text.replace(" ", "\0 ").split("\0") if w]
+
+
+def test_prompt_pairs():
+    assert PAIRS == {"ioi": IOI, "factual": FACTUAL}
+    assert IOI.clean.replace(", John gave", ", Mary gave") == IOI.corrupted
+    assert (IOI.answer, IOI.wrong, FACTUAL.answer, FACTUAL.wrong) == (
+        " Mary", " John", " Paris", " Rome")
+    clean, corrupted, answer, wrong = IOI.encode(WordTokenizer())
+    assert len(clean) == len(corrupted) == 13 and clean != corrupted
+    assert (answer, wrong) == tuple(WordTokenizer().encode_ordinary(t)[0] for t in (" Mary",
+                                                                                     " John"))
+    with pytest.raises(ValueError, match="'factual': the prompts must have equally many tokens"):
+        FACTUAL.encode(WordTokenizer())  # "Eiffel Tower" is two words, "Colosseum" one
+    with pytest.raises(ValueError, match="answers of 2 and 1"):
+        PromptPair("x", "a b", "a c", " New York", " Rome").encode(WordTokenizer())
+
+
+def test_replay_bound():
+    """2 gamma_n (1 + max|metric|), n = L (5C + D + T + F) + 2C: the longest chain of sums."""
+    config = GPTConfig.tiny()
+    L, C, H = config.n_layers, config.d_model, config.n_heads
+    n = L * (5 * C + C // H + 10 + 4 * C) + 2 * C  # d_ff None: F = 4C
+    for dtype in (torch.float32, torch.float64):
+        u = torch.finfo(dtype).eps / 2
+        assert replay_bound(config, 10, [4.0, -9.0], dtype) == pytest.approx(
+            2 * n * u / (1 - n * u) * 10, rel=1e-12)
+    llama = tiny_llama()
+    n = llama.n_layers * (5 * llama.d_model + llama.d_model // llama.n_heads + 10
+                          + llama.d_ff) + 2 * llama.d_model
+    assert replay_bound(llama, 10, [1.0]) == pytest.approx(2 * n * 2.0**-24 / (1 - n * 2.0**-24)
+                                                          * 2, rel=1e-12)
+    with pytest.raises(ValueError, match="n_tokens must be a positive int"):
+        replay_bound(config, 0, [1.0])
+    with pytest.raises(ValueError, match="metrics is empty"):
+        replay_bound(config, 10, [])
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch dtype"):
+        replay_bound(config, 10, [1.0], torch.int64)

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from tfbook.inspect.attribution import gamma
 from tfbook.inspect.hooks import AXES, check_names, hook_names, hooks, patch, run_with_cache
 from tfbook.models.output import ModelOutput
 
@@ -65,6 +66,79 @@ REFERENCE = {"residual_pre": "get_act_patch_resid_pre", "residual_mid": "get_act
              "attn.k": "get_act_patch_attn_head_k_all_pos",
              "attn.v": "get_act_patch_attn_head_v_all_pos",
              "attn.weights": "get_act_patch_attn_head_pattern_all_pos"}
+
+
+# -- the prompt pairs ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PromptPair:
+    """A clean prompt, a corrupted prompt of as many tokens that changes the answer, and the
+    two one-token answers the metric compares: logit(answer) - logit(wrong) at the last
+    position is positive on the clean run and negative on the corrupted one."""
+
+    name: str  # a short key, e.g. "ioi"
+    clean: str
+    corrupted: str
+    answer: str  # the clean prompt's answer, with its leading space: " Mary"
+    wrong: str  # the corrupted prompt's answer
+
+    def encode(self, tokenizer: Any) -> tuple[list[int], list[int], int, int]:
+        """(clean ids, corrupted ids, answer id, wrong id) by `tokenizer.encode_ordinary`; a
+        ValueError unless the prompts have equally many tokens and each answer is one."""
+        clean, corrupted, answer, wrong = (tokenizer.encode_ordinary(t) for t in (
+            self.clean, self.corrupted, self.answer, self.wrong))
+        if len(clean) != len(corrupted) or len(answer) != 1 or len(wrong) != 1:
+            raise ValueError(
+                f"prompt pair {self.name!r}: the prompts must have equally many tokens and each "
+                f"answer must be one token; got {len(clean)} and {len(corrupted)} tokens, "
+                f"answers of {len(answer)} and {len(wrong)}")
+        return clean, corrupted, answer[0], wrong[0]
+
+
+# The book's two pairs. Indirect object (Wang et al. 2022): the second mention of the subject
+# becomes the other name, so the answer changes from " Mary" to " John". Factual recall (Meng
+# et al. 2022): another landmark of as many tokens (" E", "iffel", " Tower" / " Col", "osse",
+# "um" in SmolLM2's tokenizer), so the answer changes from " Paris" to " Rome".
+IOI = PromptPair("ioi", "When Mary and John went to the store, John gave a drink to",
+                 "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")
+FACTUAL = PromptPair("factual", "The Eiffel Tower is located in the city of",
+                     "The Colosseum is located in the city of", " Paris", " Rome")
+PAIRS = {pair.name: pair for pair in (IOI, FACTUAL)}
+
+
+# -- how far two runs may differ ----------------------------------------------------------------
+
+def replay_bound(config: Any, n_tokens: int, metrics: Sequence[float],
+                 dtype: torch.dtype = torch.float32) -> float:
+    """A rounding budget for a metric (a logit difference) computed twice by the same model on
+    the same input, the two runs summing in different orders (two machines, two kernel sets,
+    a batch against one prompt): 2 gamma_n (1 + max |metric|).
+
+    The forward error of a sum of n products is at most gamma_n = n u / (1 - n u) times the
+    sum of their magnitudes (Higham, "Accuracy and stability", 2002, eq. 3.5; u the unit
+    roundoff of `dtype`). n is the longest chain of sums from the input to a logit: per layer
+    the first norm's mean of squares (C terms), a query/key/value (C), a score (D), the mix of
+    values (T), W_O (C), the second norm (C), the FFN's first product (C) and its second (F);
+    then the final norm (C) and the unembedding (C). The magnitudes are taken at the scale of
+    the metrics given (1 + the largest |metric|); each run is within the budget of the exact
+    value, hence the 2. It is a budget, not a proof: a nonlinear layer can amplify an error
+    (a softmax near a tie), and it is used where the measured differences lie far below it.
+
+    config: a model config with n_layers, d_model, n_heads and d_ff (None: 4C).
+    Example (SmolLM2-135M, 15 tokens, metrics 6.1 and -5.5): about 0.12.
+    """
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r:.40}")
+    metrics = [float(m) for m in metrics]
+    if not metrics:
+        raise ValueError("metrics is empty: give the metric values the runs produce, e.g. the "
+                         "clean and corrupted logit differences")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype, got {dtype!r:.40}")
+    C, H = config.d_model, config.n_heads
+    F = config.d_ff if getattr(config, "d_ff", None) else 4 * C
+    n = config.n_layers * (5 * C + C // H + n_tokens + F) + 2 * C
+    return 2 * gamma(n, torch.finfo(dtype).eps / 2) * (1 + max(abs(m) for m in metrics))
 
 
 # -- the metric ---------------------------------------------------------------------------------
