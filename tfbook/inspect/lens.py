@@ -167,7 +167,8 @@ def logit_lens(model: nn.Module, cache: Mapping[str, Tensor], *, scale: str = "r
     (nostalgebraist 2020; TransformerLens 4.3 `accumulated_resid(apply_ln=True)`); its last
     entry is the model's own logits. scale="final": (g (x_l - mu_l) / s_L + b) W_U^T, every
     stream divided by the final stream's scale s_L (TransformerLens's `apply_ln_to_stack`, the
-    cached `ln_final.hook_scale`; `accumulated_resid(apply_ln=True)` before issue #1076).
+    cached `ln_final.hook_scale`; `accumulated_resid(apply_ln=True)` until PR #1180 fixed
+    issue #1076).
     `positions` (an int, dropping the T axis, or a list) limits the work to some positions.
     """
     if scale not in SCALES:
