@@ -49,6 +49,29 @@ SMALL_TEXT_JS = """(r) => {
   return small;
 }"""
 TIMES_JS = "(r) => r.headsTimes"
+DESKTOP = {"width": 1280, "height": 800}
+# the selected cell lies wholly inside what the grid's own box shows, below its sticky row
+# of head names and right of its sticky layer names
+SELECTED_IN_SIGHT_JS = """(r) => {
+  const box = r.querySelector('.tfw-gridbox'), cell = r.querySelector('.tfw-cell.tfw-on');
+  if (!box || !cell) return false;
+  const b = box.getBoundingClientRect(), c = cell.getBoundingClientRect();
+  const top = b.top + box.clientTop + r.querySelector('.tfw-colhead').offsetHeight;
+  const left = b.left + box.clientLeft + r.querySelector('[role=rowheader]').offsetWidth;
+  const bottom = b.top + box.clientTop + box.clientHeight;
+  const right = b.left + box.clientLeft + box.clientWidth;
+  return b.height > 0 && c.top >= top - 1 && c.bottom <= bottom + 1
+    && c.left >= left - 1 && c.right <= right + 1;
+}"""
+# per layer name: its text's line boxes and its height against its line-height
+ROW_LABELS_JS = """(r) => [...r.querySelectorAll('[role=rowheader]')].map((e) => {
+  const range = document.createRange();
+  range.selectNodeContents(e);
+  const tops = new Set([...range.getClientRects()].map((x) => Math.round(x.top)));
+  return { text: e.textContent, lines: tops.size, height: e.getBoundingClientRect().height,
+           line: parseFloat(getComputedStyle(e).lineHeight),
+           size: parseFloat(getComputedStyle(e).fontSize) };
+})"""
 
 
 def shown(label: str) -> str:
@@ -244,4 +267,55 @@ def test_page_model_runs_the_readers_text(browser, tmp_path: Path) -> None:
         assert root.locator("img").count() == 0
     assert not requests, f"the page made requests while it ran the model: {requests}"
     assert not log.dialogs, f"a script ran from the text: {log.dialogs}"
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def deep_selection(layer: int = 27, head: int = 6) -> HeadExplorer:
+    """SmolLM2's 30 x 9 grid opening on a head far down (as the chapter opens on L18H6)."""
+    examples = [AttentionExample("first text", [f" w{i}" for i in range(T)], causal_maps(0))]
+    scores = {"induction": torch.rand(L, H, generator=torch.Generator().manual_seed(3))}
+    return HeadExplorer(scores, examples, layer=layer, head=head)
+
+
+def test_selected_head_in_sight_in_the_grids_box(browser, tmp_path: Path) -> None:
+    """At 1280 px the grid's box shows about 17 of 30 layers: the head selected far down is
+    scrolled into the box on the first draw and after each key, and the page never scrolls."""
+    widget = deep_selection()
+    with static_widget(browser, widget, ASSETS, tmp_path, viewport=DESKTOP) as (page, root, log):
+        wait_first_draw(page, root)
+        assert selected(root) == (27, 6)
+        page.wait_for_function(SELECTED_IN_SIGHT_JS, arg=root.element_handle())
+        box = root.locator(".tfw-gridbox")
+        # the box does scroll (not all 30 layers fit), and only the box moved
+        assert box.evaluate("(b) => b.scrollHeight > b.clientHeight && b.scrollTop > 0")
+        assert page.evaluate("window.scrollY") == 0
+        page.screenshot(path=str(tmp_path / "heads-1280.png"), full_page=True)
+
+        # the keyboard: up to layer 0, then back down to the last layer, always in sight
+        root.locator("[role=grid]").focus()
+        for key, presses, layer in [("PageUp", 6, 0), ("PageDown", 6, L - 1)]:
+            for _ in range(presses):
+                page.keyboard.press(key)
+            page.wait_for_function("([r, l]) => r.dataset.layer == l", arg=[root.element_handle(),
+                                                                           layer])
+            page.wait_for_function(SELECTED_IN_SIGHT_JS, arg=root.element_handle())
+        assert page.evaluate("window.scrollY") == 0
+    assert not (log.page_errors or log.console_errors or log.foreign_requests), log
+
+
+def test_layer_names_on_one_line_at_a_phones_width(browser, tmp_path: Path) -> None:
+    """At 390 px "L10" to "L29" stay on one line (not "L1" over "0"), at 12 px or more; the
+    selected head far down is in sight there too."""
+    widget = deep_selection(layer=25, head=8)
+    with static_widget(browser, widget, ASSETS, tmp_path, viewport=PHONE) as (page, root, log):
+        wait_first_draw(page, root)
+        page.wait_for_function(SELECTED_IN_SIGHT_JS, arg=root.element_handle())
+        labels = root.evaluate(ROW_LABELS_JS)
+        assert [x["text"] for x in labels] == [f"L{i}" for i in range(L)]
+        wrapped = [x for x in labels if x["lines"] != 1 or x["height"] > x["line"] + 1
+                   or x["size"] < 12]
+        assert not wrapped, wrapped
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        assert page.evaluate("window.scrollY") == 0
+        page.screenshot(path=str(tmp_path / "heads-390.png"), full_page=True)
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log

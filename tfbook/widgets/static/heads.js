@@ -15,7 +15,8 @@
 // The keyboard: the grid is one tab stop (aria-activedescendant names the selected cell);
 // the arrow keys move the selected head, Home and End go to the first and last head of the
 // layer, Page Up and Page Down five layers up or down, Enter or Space selects the head
-// under the cursor. Layers and heads are counted from 0, as in the code.
+// under the cursor. Layers and heads are counted from 0, as in the code. A new selection
+// (the first draw, a key, a click, Python) is scrolled into the grid's own box, never the page.
 //
 // Timings for the tests and bench/bench_heads.py (performance.now(), in this view):
 // node.headsTimes = {firstDraw, drawnAt, clicks, clickFrames}.
@@ -31,7 +32,9 @@ const HEADS_STYLE = `
 .tfw-heads .tfw-hgrid > .tfw-hrow > span { font-size: 12px; line-height: 22px; color: #444;
   background: #fff; }
 .tfw-heads .tfw-colhead { position: sticky; top: 0; text-align: center; z-index: 1; }
-.tfw-heads .tfw-rowhead { position: sticky; left: 0; text-align: right; padding: 0 4px 0 2px; }
+/* one line: "L10" never breaks into "L1" / "0" (the root's overflow-wrap: anywhere) */
+.tfw-heads .tfw-rowhead { position: sticky; left: 0; text-align: right; padding: 0 4px 0 2px;
+  white-space: nowrap; overflow-wrap: normal; min-width: 3ch; }
 .tfw-heads .tfw-cell { height: 22px; cursor: pointer; box-sizing: border-box;
   border: 1px solid rgba(0, 0, 0, 0.08); }
 .tfw-heads .tfw-cell.tfw-on { outline: 3px solid #222; outline-offset: -3px; }
@@ -195,6 +198,8 @@ function render({ model, el: element }) {
   const shown = { title: null, scores: null, score: null, selected: null,
                   labels: null, pattern: null, cell: 0, T: 0, masked: false };
   let hoverCell = null;
+  let toReveal = null;  // a selected cell not yet scrolled into the grid's box
+  let revealed = false;  // the first selection has been brought in sight
 
   function scoreOf(l, h) {
     const s = model.get("score");
@@ -254,7 +259,9 @@ function render({ model, el: element }) {
       cell.setAttribute("aria-selected", "true");
       grid.setAttribute("aria-activedescendant", cell.id);
       shown.selected = cell;
+      toReveal = cell;  // a new selection (first draw, keys, a click, Python): bring it in sight
     }
+    reveal();
     node.dataset.layer = String(layer);
     node.dataset.head = String(head);
   }
@@ -397,14 +404,29 @@ function render({ model, el: element }) {
     requestAnimationFrame(() => times.clickFrames.push(performance.now() - clicked));
   }
 
-  /** The selected cell in sight inside the grid's own box (never scrolls the page). */
-  function reveal(cell) {
+  /** The newly selected cell in sight inside the grid's own box: its scrollTop and
+   *  scrollLeft only, never the page's scroll (no scrollIntoView). Before the box is laid
+   *  out (not yet in the document, hidden) the cell waits for the box's first size. */
+  function reveal() {
+    const cell = toReveal;
+    if (!cell) return;
     const box = gridBox.getBoundingClientRect(), r = cell.getBoundingClientRect();
-    if (!box.height) return;
-    const top = box.top + 24;  // below the sticky row of head names
-    if (r.top < top) gridBox.scrollTop -= top - r.top;
-    else if (r.bottom > box.bottom) gridBox.scrollTop += r.bottom - box.bottom;
+    if (!box.height || !r.height) return;  // no layout yet: the ResizeObserver calls again
+    toReveal = null;
+    const inner = { top: box.top + gridBox.clientTop, left: box.left + gridBox.clientLeft };
+    const top = inner.top + header.firstChild.offsetHeight + 1;  // below the sticky head names
+    const bottom = inner.top + gridBox.clientHeight;
+    if (!revealed) {  // the first time, the head opened on sits mid-box, its neighbours around
+      revealed = true;
+      gridBox.scrollTop += (r.top + r.bottom) / 2 - (top + bottom) / 2;
+    } else if (r.top < top) gridBox.scrollTop -= top - r.top;
+    else if (r.bottom > bottom) gridBox.scrollTop += r.bottom - bottom;
+    const left = inner.left + rows[1].firstChild.offsetWidth + 1;  // right of the layer names
+    const right = inner.left + gridBox.clientWidth;
+    if (r.left < left) gridBox.scrollLeft -= left - r.left;
+    else if (r.right > right) gridBox.scrollLeft += r.right - right;
   }
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver(reveal).observe(gridBox);
 
   const cellOf = (target) => target.closest && target.closest(".tfw-cell");
   grid.addEventListener("click", (event) => {
@@ -426,8 +448,7 @@ function render({ model, el: element }) {
       return;
     }
     event.preventDefault();  // the page does not scroll under the reader's keys
-    select(layer, head);
-    reveal(cells[layer * H + head]);
+    select(layer, head);  // drawSelection brings the cell in sight
   });
   grid.addEventListener("mouseover", (event) => {
     const cell = cellOf(event.target);
