@@ -1,0 +1,212 @@
+"""tfbook.posttrain.dpo: DPO's sigmoid loss, equal to TRL 1.16's DPOTrainer on the same log-probs.
+
+The formula on hand numbers; the gradient's sign; `sequence_logps` against a per-token
+cross-entropy on a tfbook GPT; and TRL's own loss code: `DPOTrainer._compute_loss` called
+unbound on a minimal stand-in for the trainer (beta, loss_type "sigmoid", precomputed reference
+log-probs) and a stand-in model returning per-token log-probs, as TRL's fused LM head does.
+Its loss and logged rewards/margins must equal ours. Bad input gives tfbook's own errors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfbook.models.gpt import GPT, GPTConfig
+from tfbook.posttrain.dpo import dpo_loss, preference_logps, sequence_logps
+
+
+def test_formula_on_hand_numbers():
+    pc, pr = torch.tensor([-10.0, -4.0]), torch.tensor([-12.0, -3.0])
+    rc, rr = torch.tensor([-11.0, -5.0]), torch.tensor([-11.0, -2.0])
+    out = dpo_loss(pc, pr, rc, rr, beta=0.5)
+    # pair 0: chosen log-ratio 1, rejected -1 -> margin 0.5 * 2 = 1.0
+    # pair 1: chosen log-ratio 1, rejected -1 -> margin 1.0 as well
+    assert out.chosen_rewards.tolist() == [0.5, 0.5]
+    assert out.rejected_rewards.tolist() == [-0.5, -0.5]
+    assert out.margins.tolist() == [1.0, 1.0]
+    assert out.loss.item() == pytest.approx(math.log(1 + math.exp(-1.0)), rel=1e-6)
+    # no preference learnt yet (policy == reference): loss log 2, rewards 0
+    zero = dpo_loss(rc, rr, rc, rr)
+    assert zero.loss.item() == pytest.approx(math.log(2), rel=1e-6)
+    assert zero.margins.abs().max().item() == 0.0
+
+
+def test_gradient_sign():
+    pc = torch.tensor([-10.0, -4.0], requires_grad=True)
+    pr = torch.tensor([-12.0, -3.0], requires_grad=True)
+    rc, rr = torch.tensor([-11.0, -5.0]), torch.tensor([-11.0, -2.0])
+    out = dpo_loss(pc, pr, rc, rr)
+    out.loss.backward()
+    assert (pc.grad < 0).all() and (pr.grad > 0).all()  # raise chosen, lower rejected
+    # and the size: d loss / d pi_c = -beta sigmoid(-margin) / B
+    expected = -0.1 * torch.sigmoid(-out.margins) / 2
+    torch.testing.assert_close(pc.grad, expected)
+    higher = dpo_loss(pc.detach() + 1.0, pr.detach(), rc, rr).loss
+    assert higher < out.loss.detach()
+
+
+def _tiny_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(max_len=16, vocab_size=32, n_layers=1, n_heads=2, d_model=16)).eval()
+
+
+def test_sequence_logps_equals_masked_cross_entropy():
+    model = _tiny_gpt()
+    ids = torch.randint(0, 32, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(3, 10, dtype=torch.long)
+    mask[0, 4:] = 1
+    mask[1, 2:7] = 1  # right padding after the completion
+    mask[2, 9] = 1
+    with torch.no_grad():
+        got = sequence_logps(model, ids, mask)
+        logits = model(ids).logits
+    labels = ids.masked_fill(mask == 0, -100)[:, 1:]
+    nll = F.cross_entropy(logits[:, :-1].reshape(-1, 32), labels.reshape(-1), reduction="none")
+    torch.testing.assert_close(got, -nll.view(3, 9).sum(dim=1))
+    # padding after the completion does not change the sum (the model is causal)
+    with torch.no_grad():
+        short = sequence_logps(model, ids[1:2, :7], mask[1:2, :7])
+    torch.testing.assert_close(short, got[1:2], rtol=1e-5, atol=1e-5)
+
+
+def _trl_compute_loss(beta, per_token, completion_mask, ref_chosen, ref_rejected):
+    """TRL 1.16's DPOTrainer._compute_loss on a stand-in trainer and model.
+
+    per_token (2B, T-1): the policy's log-prob of each next token; TRL's fused LM head returns
+    0 where the label is -100, which the stand-in model reproduces.
+    """
+    from trl.trainer.dpo_trainer import DPOTrainer
+
+    def model(input_ids, attention_mask, use_cache, labels, fused_lm_head):
+        keep = labels[:, 1:] != -100
+        return SimpleNamespace(
+            log_probs=per_token * keep,
+            entropy=torch.zeros_like(per_token),
+            mean_logits=torch.zeros_like(per_token),
+            is_top1=torch.zeros_like(keep),
+        )
+
+    model.training = True
+    accel = SimpleNamespace(
+        device=torch.device("cpu"), gather=lambda x: x, gather_for_metrics=lambda x: x
+    )
+    trainer = SimpleNamespace(
+        model=model,
+        accelerator=accel,
+        aux_loss_enabled=False,
+        ld_alpha=None,
+        precompute_ref_logps=True,
+        f_divergence_type="reverse_kl",
+        loss_types=["sigmoid"],
+        loss_weights=[1.0],
+        beta=beta,
+        use_weighting=False,
+        _metrics={"train": defaultdict(list)},
+        _total_train_tokens=0,
+        _tp_size=1,
+    )
+    n = per_token.size(0)
+    inputs = {
+        "input_ids": torch.zeros(n, per_token.size(1) + 1, dtype=torch.long),
+        "attention_mask": torch.ones(n, per_token.size(1) + 1, dtype=torch.long),
+        "completion_mask": completion_mask,
+        "ref_chosen_logps": ref_chosen,
+        "ref_rejected_logps": ref_rejected,
+    }
+    loss = DPOTrainer._compute_loss(trainer, model, inputs, return_outputs=False)
+    return loss, trainer._metrics["train"]
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+def test_equal_to_trl_dpo_trainer_loss(beta):
+    g = torch.Generator().manual_seed(2)
+    B, T = 4, 12
+    per_token = -torch.rand(2 * B, T - 1, generator=g) * 3  # log-probs of the next tokens
+    completion_mask = torch.zeros(2 * B, T, dtype=torch.long)
+    for i in range(2 * B):
+        start = int(torch.randint(1, 6, (1,), generator=g))
+        stop = int(torch.randint(start + 1, T + 1, (1,), generator=g))
+        completion_mask[i, start:stop] = 1
+    ref = -torch.rand(2 * B, generator=g) * 20
+    ref_chosen, ref_rejected = ref[:B], ref[B:]
+    trl_loss, metrics = _trl_compute_loss(
+        beta, per_token, completion_mask, ref_chosen, ref_rejected
+    )
+
+    policy = (per_token * completion_mask[:, 1:]).sum(dim=1)  # what sequence_logps returns
+    ours = dpo_loss(policy[:B], policy[B:], ref_chosen, ref_rejected, beta=beta)
+    torch.testing.assert_close(ours.loss, trl_loss, rtol=1e-6, atol=1e-6)
+    assert metrics["rewards/chosen"][0] == pytest.approx(
+        ours.chosen_rewards.mean().item(), rel=1e-6, abs=1e-6
+    )
+    assert metrics["rewards/rejected"][0] == pytest.approx(
+        ours.rejected_rewards.mean().item(), rel=1e-6, abs=1e-6
+    )
+    assert metrics["rewards/margins"][0] == pytest.approx(
+        ours.margins.mean().item(), rel=1e-6, abs=1e-6
+    )
+    assert metrics["rewards/accuracies"][0] == (ours.margins > 0).float().mean().item()
+    assert metrics["logps/chosen"][0] == pytest.approx(policy[:B].mean().item(), rel=1e-6)
+
+
+def test_preference_logps_on_a_gpt():
+    model = _tiny_gpt()
+    c = torch.tensor([[1, 2, 3, 4, 5, 0], [7, 8, 9, 10, 0, 0]])
+    r = torch.tensor([[1, 2, 3, 6, 0, 0], [7, 8, 11, 12, 13, 14]])
+    cm = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 0, 0]])
+    rm = torch.tensor([[0, 0, 0, 1, 0, 0], [0, 0, 1, 1, 1, 1]])
+    with torch.no_grad():
+        pc, pr = preference_logps(model, c, cm, r, rm)
+    torch.testing.assert_close(pc, sequence_logps(model, c, cm))
+    torch.testing.assert_close(pr, sequence_logps(model, r, rm))
+    # chosen identical to rejected (different right padding) is refused
+    same = torch.tensor([[1, 2, 3, 4, 5, 9]])
+    with pytest.raises(ValueError, match=r"pairs \[0\] have chosen identical to rejected"):
+        preference_logps(model, c[:1], cm[:1], same, torch.tensor([[0, 0, 0, 1, 1, 0]]))
+
+
+def test_bad_input():
+    x = torch.tensor([-1.0, -2.0])
+    with pytest.raises(ValueError, match="shape of policy_chosen"):
+        dpo_loss(x, x, x, torch.tensor([-1.0]))
+    with pytest.raises(ValueError, match="empty"):
+        dpo_loss(torch.tensor([]), torch.tensor([]), torch.tensor([]), torch.tensor([]))
+    with pytest.raises(ValueError, match="finite"):
+        dpo_loss(x, torch.tensor([-1.0, float("nan")]), x, x)
+    with pytest.raises(ValueError, match="finite"):
+        dpo_loss(x, x, torch.tensor([float("-inf"), -1.0]), x)
+    for beta in (0, -0.1, float("inf"), True):
+        with pytest.raises(ValueError, match="beta"):
+            dpo_loss(x, x, x, x, beta=beta)
+    with pytest.raises(TypeError, match="1-D floating"):
+        dpo_loss([-1.0], x, x, x)
+    model = _tiny_gpt()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(ValueError, match="shape of input_ids"):
+        sequence_logps(model, ids, torch.tensor([[0, 1, 1]]))
+    with pytest.raises(ValueError, match="no completion token"):
+        sequence_logps(model, ids, torch.tensor([[0, 0, 0, 0]]))
+    with pytest.raises(ValueError, match="first token"):
+        sequence_logps(model, ids, torch.tensor([[1, 1, 0, 0]]))
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        sequence_logps(model, ids, torch.tensor([[0, 2, 0, 0]]))
+    with pytest.raises(ValueError, match=r"lie in \[0, 32\)"):
+        sequence_logps(model, torch.tensor([[1, 2, 99, 4]]), torch.tensor([[0, 1, 1, 0]]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        sequence_logps(model, ids.float(), torch.tensor([[0, 1, 1, 0]]))
+    with pytest.raises(ValueError, match="at least one sequence"):
+        sequence_logps(model, ids[:0], torch.zeros(0, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="same number of pairs"):
+        preference_logps(
+            model,
+            torch.tensor([[1, 2, 3], [1, 2, 4]]),
+            torch.tensor([[0, 1, 1], [0, 1, 1]]),
+            torch.tensor([[1, 2, 5]]),
+            torch.tensor([[0, 1, 1]]),
+        )

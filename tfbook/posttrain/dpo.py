@@ -1,0 +1,208 @@
+"""Direct preference optimisation (DPO, Rafailov et al. 2023): a loss from Bradley-Terry.
+
+From Bradley-Terry to the loss. A person shown two completions y_w (chosen) and y_l (rejected)
+for a prompt x prefers y_w with probability
+
+    p(y_w > y_l | x) = exp r(x, y_w) / (exp r(x, y_w) + exp r(x, y_l))
+                     = sigmoid(r(x, y_w) - r(x, y_l))
+
+for some reward r. RLHF maximises E[r(x, y)] - beta KL(pi || pi_ref); the maximiser is
+pi*(y|x) = pi_ref(y|x) exp(r(x, y) / beta) / Z(x), so every reward can be written through
+its optimal policy as r(x, y) = beta log(pi(y|x) / pi_ref(y|x)) + beta log Z(x). In the
+difference r(x, y_w) - r(x, y_l) the partition function Z(x) cancels, and the negative
+log-likelihood of the preferences becomes a loss on the policy alone (eq. 7 of the paper):
+
+    loss = -mean log sigmoid( beta [ (log pi(y_w|x) - log pi_ref(y_w|x))
+                                    - (log pi(y_l|x) - log pi_ref(y_l|x)) ] )
+
+The two bracketed log-ratios times beta are the implicit rewards (chosen_rewards,
+rejected_rewards); their difference is the margin. This is TRL's default loss_type="sigmoid"
+without label smoothing; it equals `trl.DPOTrainer`'s loss and reward metrics (trl 1.16, tested).
+
+Each log pi(y|x) is a sum over the completion's tokens (`sequence_logps`), never a mean.
+Shape legend: B batch (pairs), T sequence, V vocab.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class DPOOutput(NamedTuple):
+    """The DPO loss and the quantities TRL logs; rewards and margins are detached, shape (B,)."""
+
+    loss: Tensor  # () mean of -log sigmoid(margin) over the pairs
+    chosen_rewards: Tensor  # (B,) beta (log pi(y_w) - log pi_ref(y_w))
+    rejected_rewards: Tensor  # (B,) beta (log pi(y_l) - log pi_ref(y_l))
+    margins: Tensor  # (B,) chosen_rewards - rejected_rewards
+
+
+def _check_ids_and_mask(
+    input_ids: Tensor, completion_mask: Tensor, name: str = "input_ids"
+) -> None:
+    if (
+        not isinstance(input_ids, Tensor)
+        or input_ids.dtype.is_floating_point
+        or input_ids.dtype in (torch.bool, torch.complex64, torch.complex128)
+        or input_ids.dim() != 2
+    ):
+        given = (
+            f"{input_ids.dtype} of shape {tuple(input_ids.shape)}"
+            if isinstance(input_ids, Tensor)
+            else type(input_ids).__name__
+        )
+        raise TypeError(f"{name} must be an integer tensor of shape (B, T), got {given}")
+    if not isinstance(completion_mask, Tensor):
+        raise TypeError(
+            f"completion_mask must be a tensor of 0/1 of shape (B, T), got "
+            f"{type(completion_mask).__name__}"
+        )
+    if completion_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"completion_mask must have the shape of {name} {tuple(input_ids.shape)}, "
+            f"got {tuple(completion_mask.shape)}"
+        )
+    if input_ids.size(0) == 0 or input_ids.size(1) < 2:
+        raise ValueError(
+            f"{name} must hold at least one sequence of at least 2 tokens, got shape "
+            f"{tuple(input_ids.shape)}"
+        )
+    if completion_mask.dtype.is_floating_point or completion_mask.is_complex():
+        raise TypeError(
+            f"completion_mask must be a bool or integer tensor of 0/1, got {completion_mask.dtype}"
+        )
+    if not ((completion_mask == 0) | (completion_mask == 1)).all():
+        raise ValueError("completion_mask must hold only 0 and 1")
+    if completion_mask[:, 0].any():
+        raise ValueError(
+            "completion_mask marks the first token, which nothing predicts: a completion "
+            "must follow at least one prompt token"
+        )
+    empty = (completion_mask.sum(dim=1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(
+            f"rows {empty} of completion_mask mark no completion token: a pair needs a "
+            f"non-empty completion"
+        )
+
+
+def sequence_logps(model, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
+    """Summed log-probability of the completion tokens of each sequence, shape (B,).
+
+    The model must return an object with `.logits` of shape (B, T, V) (a tfbook GPT or an HF
+    causal LM). Token t is scored by the logits at position t-1, so completion_mask[:, 0] must be
+    0; padding goes on the right with completion_mask 0 there (a causal model never lets a
+    later pad token change an earlier position).
+    """
+    _check_ids_and_mask(input_ids, completion_mask)
+    logits = getattr(model(input_ids), "logits", None)
+    B, T = input_ids.shape
+    if not isinstance(logits, Tensor) or logits.dim() != 3 or logits.shape[:2] != (B, T):
+        raise TypeError(
+            f"model(input_ids) must return an object whose .logits has shape (B, T, V) = "
+            f"({B}, {T}, V), got {getattr(logits, 'shape', type(logits).__name__)}"
+        )
+    V = logits.size(-1)
+    if int(input_ids.min()) < 0 or int(input_ids.max()) >= V:
+        raise ValueError(
+            f"input_ids must lie in [0, {V}), got values in "
+            f"[{int(input_ids.min())}, {int(input_ids.max())}]"
+        )
+    log_probs = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V), predicts tokens 1..T-1
+    token_logps = log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    keep = completion_mask[:, 1:].to(token_logps.dtype)  # (B, T-1)
+    return (token_logps * keep).sum(dim=1)  # (B,)
+
+
+def preference_logps(
+    model, chosen_ids: Tensor, chosen_mask: Tensor, rejected_ids: Tensor, rejected_mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`sequence_logps` of the chosen and the rejected sequences, after refusing identical pairs.
+
+    A pair whose chosen and rejected sequences are the same tokens with the same completion
+    carries no preference (its margin is 0 whatever the model does): it raises ValueError.
+    """
+    _check_ids_and_mask(chosen_ids, chosen_mask, "chosen_ids")
+    _check_ids_and_mask(rejected_ids, rejected_mask, "rejected_ids")
+    if chosen_ids.size(0) != rejected_ids.size(0):
+        raise ValueError(
+            f"chosen_ids and rejected_ids must hold the same number of pairs, got "
+            f"{chosen_ids.size(0)} and {rejected_ids.size(0)}"
+        )
+    same = []
+    for i in range(chosen_ids.size(0)):
+        c, r = chosen_mask[i].bool(), rejected_mask[i].bool()
+        # the same prompt+completion tokens, whatever the right padding after them
+        nc, nr = int(c.nonzero().max()) + 1, int(r.nonzero().max()) + 1
+        if (
+            nc == nr
+            and torch.equal(chosen_ids[i, :nc], rejected_ids[i, :nr])
+            and torch.equal(c[:nc], r[:nr])
+        ):
+            same.append(i)
+    if same:
+        raise ValueError(
+            f"pairs {same} have chosen identical to rejected: a preference needs two "
+            f"different completions"
+        )
+    return sequence_logps(model, chosen_ids, chosen_mask), sequence_logps(
+        model, rejected_ids, rejected_mask
+    )
+
+
+def _check_logps(name: str, x, shape=None) -> None:
+    if not isinstance(x, Tensor) or not x.dtype.is_floating_point or x.dim() != 1:
+        given = (
+            f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        )
+        raise TypeError(
+            f"{name} must be a 1-D floating tensor of per-sequence log-probs (B,), got {given}"
+        )
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty: DPO needs at least one preference pair")
+    if shape is not None and x.shape != shape:
+        raise ValueError(
+            f"{name} must have the shape of policy_chosen {tuple(shape)}, got {tuple(x.shape)}"
+        )
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} must be finite log-probabilities, got {x.detach().tolist()}")
+
+
+def dpo_loss(
+    policy_chosen: Tensor,
+    policy_rejected: Tensor,
+    ref_chosen: Tensor,
+    ref_rejected: Tensor,
+    beta: float = 0.1,
+) -> DPOOutput:
+    """DPO's sigmoid loss (Rafailov et al. 2023, eq. 7) from four (B,) summed log-probs.
+
+    margin = beta [(pi_c - ref_c) - (pi_r - ref_r)], loss = mean(-log sigmoid(margin)).
+    The reference log-probs carry no gradient in practice (compute them under torch.no_grad);
+    chosen_rewards, rejected_rewards and margins are returned detached, as TRL logs them.
+    """
+    _check_logps("policy_chosen", policy_chosen)
+    shape = policy_chosen.shape
+    for name, x in (
+        ("policy_rejected", policy_rejected),
+        ("ref_chosen", ref_chosen),
+        ("ref_rejected", ref_rejected),
+    ):
+        _check_logps(name, x, shape)
+    if (
+        isinstance(beta, bool)
+        or not isinstance(beta, (int, float))
+        or not math.isfinite(beta)
+        or beta <= 0
+    ):
+        raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
+    chosen_logratios = policy_chosen - ref_chosen  # (B,)
+    rejected_logratios = policy_rejected - ref_rejected  # (B,)
+    logits = beta * (chosen_logratios - rejected_logratios)  # (B,)
+    loss = -F.logsigmoid(logits).mean()
+    chosen_rewards = beta * chosen_logratios.detach()
+    rejected_rewards = beta * rejected_logratios.detach()
+    return DPOOutput(loss, chosen_rewards, rejected_rewards, chosen_rewards - rejected_rewards)
