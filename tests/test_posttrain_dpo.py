@@ -4,7 +4,9 @@ The formula on hand numbers; the gradient's sign; `sequence_logps` against a per
 cross-entropy on a tfbook GPT; and TRL's own loss code: `DPOTrainer._compute_loss` called
 unbound on a minimal stand-in for the trainer (beta, loss_type "sigmoid", precomputed reference
 log-probs) and a stand-in model returning per-token log-probs, as TRL's fused LM head does.
-Its loss and logged rewards/margins must equal ours. Bad input gives tfbook's own errors.
+Its loss and logged rewards/margins must equal ours. Then DPOTrainer's whole loss path
+(tokenising, collator, fused LM head, an explicit reference model) on a random 2-layer HF Llama
+against ours on tfbook GPTs holding the same weights. Bad input gives tfbook's own errors.
 """
 
 from __future__ import annotations
@@ -210,3 +212,61 @@ def test_bad_input():
             torch.tensor([[1, 2, 5]]),
             torch.tensor([[0, 1, 1]]),
         )
+
+
+def test_equal_to_trl_dpo_trainer_on_a_tiny_llama(tmp_path):
+    """DPOTrainer's own path (tokenising, collator, fused LM head, an explicit reference model)
+    on a random 2-layer HF Llama; ours on tfbook GPTs holding the same weights."""
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from trl import DPOConfig, DPOTrainer
+
+    from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
+
+    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(60)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>"
+    )
+
+    def tiny(seed):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(
+            vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            initializer_range=0.3,
+        )  # fmt: skip
+        return LlamaForCausalLM(cfg)
+
+    policy, reference = tiny(0), tiny(1)  # a reference unlike the policy: rewards are not 0
+    pairs = Dataset.from_dict({
+        "prompt": ["w1 w2 w3", "w4 w5"],
+        "chosen": [" w6 w7", " w8 w9 w10 w11"],
+        "rejected": [" w12", " w13 w14"],
+    })  # fmt: skip
+    args = DPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=1, report_to=[],
+        bf16=False, use_cpu=True, beta=0.1, save_strategy="no",
+    )  # fmt: skip
+    trainer = DPOTrainer(
+        model=policy, ref_model=reference, args=args, train_dataset=pairs, processing_class=hf_tok
+    )
+    batch = next(iter(trainer.get_train_dataloader()))  # rows: 2 chosen, then 2 rejected
+    trl_loss = trainer.compute_loss(trainer.model, batch)
+    metrics = trainer._metrics["train"]
+
+    ids, mask = batch["input_ids"], batch["completion_mask"]
+    with torch.no_grad():
+        pol = sequence_logps(tfbook_from_hf_llama(policy), ids, mask)
+        ref = sequence_logps(tfbook_from_hf_llama(reference), ids, mask)
+    ours = dpo_loss(pol[:2], pol[2:], ref[:2], ref[2:], beta=0.1)
+    assert ours.margins.abs().min() > 0.05  # a test that could tell a wrong sign or beta
+    torch.testing.assert_close(ours.loss, trl_loss.detach(), rtol=1e-5, atol=1e-5)
+    for key, value in (
+        ("rewards/chosen", ours.chosen_rewards), ("rewards/rejected", ours.rejected_rewards),
+        ("rewards/margins", ours.margins), ("logps/chosen", pol[:2]), ("logps/rejected", pol[2:]),
+    ):  # fmt: skip
+        assert metrics[key][0] == pytest.approx(value.mean().item(), rel=1e-5, abs=1e-5), key
