@@ -6,7 +6,8 @@ unbound on a minimal stand-in for the trainer (beta, loss_type "sigmoid", precom
 log-probs) and a stand-in model returning per-token log-probs, as TRL's fused LM head does.
 Its loss and logged rewards/margins must equal ours. Then DPOTrainer's whole loss path
 (tokenising, collator, fused LM head, an explicit reference model) on a random 2-layer HF Llama
-against ours on tfbook GPTs holding the same weights. Bad input gives tfbook's own errors.
+against ours on tfbook GPTs holding the same weights, with an explicit reference model and with
+the adapter-disabled model as reference (LoRA). Bad input gives tfbook's own errors.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
+from tfbook.lora import add_lora, lora_layers
 from tfbook.models.gpt import GPT, GPTConfig
-from tfbook.posttrain.dpo import dpo_loss, preference_logps, sequence_logps
+from tfbook.posttrain.dpo import adapters_disabled, dpo_loss, preference_logps, sequence_logps
 
 
 def test_formula_on_hand_numbers():
@@ -214,34 +217,38 @@ def test_bad_input():
         )
 
 
-def test_equal_to_trl_dpo_trainer_on_a_tiny_llama(tmp_path):
-    """DPOTrainer's own path (tokenising, collator, fused LM head, an explicit reference model)
-    on a random 2-layer HF Llama; ours on tfbook GPTs holding the same weights."""
-    from datasets import Dataset
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from trl import DPOConfig, DPOTrainer
 
-    from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
+def _word_tokenizer():
+    """An offline HF tokenizer: one id per whitespace-separated word w0..w59."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(60)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    hf_tok = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>"
     )
 
-    def tiny(seed):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(
-            vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-            tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-            initializer_range=0.3,
-        )  # fmt: skip
-        return LlamaForCausalLM(cfg)
 
-    policy, reference = tiny(0), tiny(1)  # a reference unlike the policy: rewards are not 0
+def _tiny_llama(seed: int):
+    """A random HF Llama: V 63, C 32, 2 layers, 4 heads (2 KV heads), untied head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=63, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        initializer_range=0.3,
+    ))  # fmt: skip
+
+
+def _dpo_trainer(tmp_path, model, **kwargs):
+    """DPOTrainer (trl 1.16) on two in-memory pairs of different lengths, CPU, float32."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
     pairs = Dataset.from_dict({
         "prompt": ["w1 w2 w3", "w4 w5"],
         "chosen": [" w6 w7", " w8 w9 w10 w11"],
@@ -251,17 +258,19 @@ def test_equal_to_trl_dpo_trainer_on_a_tiny_llama(tmp_path):
         output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=1, report_to=[],
         bf16=False, use_cpu=True, beta=0.1, save_strategy="no",
     )  # fmt: skip
-    trainer = DPOTrainer(
-        model=policy, ref_model=reference, args=args, train_dataset=pairs, processing_class=hf_tok
+    return DPOTrainer(
+        model=model, args=args, train_dataset=pairs, processing_class=_word_tokenizer(), **kwargs
     )
+
+
+def _check_first_batch(trainer, policy_logps, reference_logps):
+    """TRL's loss and logged metrics on its first batch equal ours from the given log-prob fns."""
     batch = next(iter(trainer.get_train_dataloader()))  # rows: 2 chosen, then 2 rejected
     trl_loss = trainer.compute_loss(trainer.model, batch)
     metrics = trainer._metrics["train"]
-
     ids, mask = batch["input_ids"], batch["completion_mask"]
     with torch.no_grad():
-        pol = sequence_logps(tfbook_from_hf_llama(policy), ids, mask)
-        ref = sequence_logps(tfbook_from_hf_llama(reference), ids, mask)
+        pol, ref = policy_logps(ids, mask), reference_logps(ids, mask)
     ours = dpo_loss(pol[:2], pol[2:], ref[:2], ref[2:], beta=0.1)
     assert ours.margins.abs().min() > 0.05  # a test that could tell a wrong sign or beta
     torch.testing.assert_close(ours.loss, trl_loss.detach(), rtol=1e-5, atol=1e-5)
@@ -270,3 +279,48 @@ def test_equal_to_trl_dpo_trainer_on_a_tiny_llama(tmp_path):
         ("rewards/margins", ours.margins), ("logps/chosen", pol[:2]), ("logps/rejected", pol[2:]),
     ):  # fmt: skip
         assert metrics[key][0] == pytest.approx(value.mean().item(), rel=1e-5, abs=1e-5), key
+
+
+def test_equal_to_trl_dpo_trainer_with_explicit_reference(tmp_path):
+    """DPOTrainer's own path (tokenising, collator, fused LM head, an explicit ref_model) on a
+    random 2-layer HF Llama; ours on tfbook GPTs holding the same weights."""
+    policy, reference = _tiny_llama(0), _tiny_llama(1)  # unlike: the rewards are not 0
+    ours_policy, ours_ref = tfbook_from_hf_llama(policy), tfbook_from_hf_llama(reference)
+    trainer = _dpo_trainer(tmp_path, policy, ref_model=reference)
+    _check_first_batch(
+        trainer,
+        lambda ids, mask: sequence_logps(ours_policy, ids, mask),
+        lambda ids, mask: sequence_logps(ours_ref, ids, mask),
+    )
+
+
+def test_equal_to_trl_dpo_trainer_with_lora_reference(tmp_path):
+    """The LoRA path: DPOTrainer given peft_config (a new adapter) and no ref_model uses the
+    adapter-disabled model as reference; ours uses `adapters_disabled` on a tfbook GPT holding the
+    same weights and adapters. (Given a PeftModel whose adapter exists, TRL instead keeps a copy
+    of it as a "ref" adapter, so the reference is the adapter as it was, not the base model.)"""
+    from peft import LoraConfig
+
+    base = _tiny_llama(0)
+    ours = add_lora(tfbook_from_hf_llama(base), ("q_proj", "v_proj"), r=4, alpha=8)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = _dpo_trainer(tmp_path, base, peft_config=lora)
+    assert "ref" not in trainer.model.peft_config  # a new adapter: the reference is the base
+    torch.manual_seed(1)
+    with torch.no_grad():  # B != 0 (peft starts it at 0): the policy differs from its reference
+        for name, layer in lora_layers(ours).items():
+            i, proj = name.split(".")[1], name.rsplit(".", 1)[-1]
+            hf = trainer.model.get_submodule(f"base_model.model.model.layers.{i}.self_attn.{proj}")
+            hf.lora_B["default"].weight.normal_(0, 0.5)
+            layer.lora_A.copy_(hf.lora_A["default"].weight)
+            layer.lora_B.copy_(hf.lora_B["default"].weight)
+
+    def reference_logps(ids, mask):
+        with adapters_disabled(ours):
+            return sequence_logps(ours, ids, mask)
+
+    _check_first_batch(trainer, lambda ids, mask: sequence_logps(ours, ids, mask), reference_logps)
+    assert all(layer.scaling == 2.0 for layer in lora_layers(ours).values())  # restored
+    with pytest.raises(ValueError, match="needs a model with LoRA layers"):
+        with adapters_disabled(_tiny_gpt()):
+            pass

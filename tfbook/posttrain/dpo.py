@@ -24,11 +24,15 @@ Shape legend: B batch (pairs), T sequence, V vocab.
 """
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+
+from tfbook.lora import lora_layers
 
 
 class DPOOutput(NamedTuple):
@@ -206,3 +210,28 @@ def dpo_loss(
     chosen_rewards = beta * chosen_logratios.detach()
     rejected_rewards = beta * rejected_logratios.detach()
     return DPOOutput(loss, chosen_rewards, rejected_rewards, chosen_rewards - rejected_rewards)
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, every LoRALinear of `model` computes its frozen base layer alone.
+
+    With LoRA the reference model need not be a second copy: the policy with its adapters
+    switched off is the base model it started from (what TRL does with a peft model and no
+    ref_model). The scalings are restored on exit, even after an error. A model without LoRA
+    layers raises ValueError: its "reference" would be the policy itself and every reward 0.
+    """
+    layers = lora_layers(model) if isinstance(model, nn.Module) else {}
+    if not layers:
+        raise ValueError(
+            f"adapters_disabled needs a model with LoRA layers (tfbook.lora.add_lora), "
+            f"got {type(model).__name__} without any"
+        )
+    saved = {name: layer.scaling for name, layer in layers.items()}
+    try:
+        for layer in layers.values():
+            layer.scaling = 0.0  # frozen + 0 * (B A x): the base layer's output exactly
+        yield model
+    finally:
+        for name, layer in layers.items():
+            layer.scaling = saved[name]
