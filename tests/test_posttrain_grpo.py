@@ -1,0 +1,228 @@
+"""tfbook.posttrain.grpo: group advantages and GRPO's clipped loss, equal to TRL 1.16.
+
+Hand numbers for advantages and the three normalisations; per-token gradients from autograd
+against the analytic gradient of the clipped objective (clipped tokens: zero); TRL's own code:
+`GRPOTrainer._compute_loss` called unbound on a minimal stand-in trainer whose
+`_get_per_token_logps_and_entropies` returns fixed per-token log-probs (float32, i.e. bf16=False
+semantics), for grpo, bnpo and dr_grpo, with and without the KL term; advantages against TRL's
+`nanstd` and its 1e-4. Bad input gives tfbook's own errors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tfbook.posttrain.grpo import group_advantages, grpo_loss
+
+
+def test_advantages_on_hand_numbers():
+    adv = group_advantages([1.0, 0.0, 1.0, 0.0, 2.0, 2.0], group_size=2)
+    # group (1, 0): mean 0.5, unbiased std sqrt(0.5); group (2, 2): std 0 -> advantages 0
+    s = math.sqrt(0.5) + 1e-4
+    torch.testing.assert_close(adv, torch.tensor([0.5 / s, -0.5 / s, 0.5 / s, -0.5 / s, 0, 0]))
+    dr = group_advantages(torch.tensor([3, 0, 0, 1]), group_size=4, scale=False)
+    assert dr.tolist() == [2.0, -1.0, -1.0, 0.0]
+
+
+def test_advantages_equal_trl_nanstd():
+    from trl.trainer.utils import nanstd
+
+    torch.manual_seed(0)
+    rewards = torch.randint(0, 3, (12,)).float()
+    g = 4
+    # TRL 1.16 GRPOTrainer._generate_and_score_completions, scale_rewards="group"
+    mean = torch.nanmean(rewards.view(-1, g), dim=1).repeat_interleave(g, dim=0)
+    std = nanstd(rewards.view(-1, g), dim=1).repeat_interleave(g, dim=0)
+    trl_adv = (rewards - mean) / (std + 1e-4)
+    torch.testing.assert_close(group_advantages(rewards, g), trl_adv)  # float32 rounding
+    torch.testing.assert_close(group_advantages(rewards, g, scale=False), rewards - mean)
+
+
+def _batch():
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.0, -4.0]])
+    old = torch.tensor([[-1.0, -2.5, -0.2], [-0.3, -0.5, -9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    return logps, old, adv, mask
+
+
+def test_normalisations_on_hand_numbers():
+    logps, old, adv, mask = _batch()
+    r = torch.exp(logps - old)
+    # seq 0, A = +1: -min(r, clip(r)) ; seq 1, A = -1: -min(-r, -clip(r)) = max(r, clip(r))
+    l0 = [-min(x, min(max(x, 0.8), 1.2)) for x in r[0].tolist()]
+    l1 = [max(x, min(max(x, 0.8), 1.2)) for x in r[1].tolist()[:2]]
+    assert l0[1] == pytest.approx(-1.2)  # r = e^0.5 = 1.65 clipped at 1.2
+    # r = e^-0.5 = 0.61 with A < 0: the pessimistic max keeps the clipped 0.8 (zero gradient)
+    assert l1[1] == pytest.approx(0.8)
+    grpo = (sum(l0) / 3 + sum(l1) / 2) / 2
+    bnpo = (sum(l0) + sum(l1)) / 5
+    dr = (sum(l0) + sum(l1)) / (2 * 4)
+    assert grpo_loss(logps, old, adv, mask).item() == pytest.approx(grpo, rel=1e-6)
+    got = grpo_loss(logps, old, adv, mask, loss_type="bnpo")
+    assert got.item() == pytest.approx(bnpo, rel=1e-6)
+    got = grpo_loss(logps, old, adv, mask, loss_type="dr_grpo", max_completion_length=4)
+    assert got.item() == pytest.approx(dr, rel=1e-6)
+
+
+def test_normalisations_on_policy():
+    # on-policy (ratio 1): every token's loss is -A; a 3-token sequence with A = 2, a 1-token
+    # sequence with A = -1
+    logps = torch.full((2, 3), -1.0)
+    adv = torch.tensor([2.0, -1.0])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert grpo_loss(logps, logps, adv, mask).item() == -0.5  # (-2 + 1) / 2
+    assert grpo_loss(logps, logps, adv, mask, loss_type="bnpo").item() == -1.25  # (-6 + 1) / 4
+    dr = grpo_loss(logps, logps, adv, mask, loss_type="dr_grpo", max_completion_length=5)
+    assert dr.item() == -0.5  # (-6 + 1) / (2 * 5)
+
+
+def test_per_token_gradient_matches_analytic():
+    torch.manual_seed(1)
+    B, T = 4, 6
+    old = -torch.rand(B, T) * 3
+    logps = (old + torch.randn(B, T) * 0.4).requires_grad_(True)
+    adv = torch.tensor([1.5, -0.7, 0.3, -2.0])
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 4:] = 0
+    loss = grpo_loss(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.28, loss_type="bnpo")
+    (grad,) = torch.autograd.grad(loss, logps)
+    r = torch.exp(logps.detach() - old)
+    a = adv.unsqueeze(1)
+    clipped = ((r > 1.28) & (a > 0)) | ((r < 0.8) & (a < 0))
+    assert clipped.any() and (~clipped & mask.bool()).any()  # both kinds of token present
+    expected = torch.where(clipped, torch.zeros_like(r), -r * a) * mask / mask.sum()
+    torch.testing.assert_close(grad, expected)
+    assert (grad[clipped] == 0).all()
+
+
+def _trl_loss(logps, old, adv, mask, loss_type, beta=0.0, ref=None, max_len=None):
+    """TRL 1.16's GRPOTrainer._compute_loss on a stand-in trainer (float32: bf16=False)."""
+    from trl import GRPOTrainer
+
+    def fixed_logps(model, input_ids, attention_mask, logits_to_keep, **kw):
+        return logps, torch.zeros_like(logps), None
+
+    accel = SimpleNamespace(
+        reduce=lambda x, reduction="sum": x, gather=lambda x: x, gather_for_metrics=lambda x: x
+    )
+    trainer = SimpleNamespace(
+        _get_per_token_logps_and_entropies=fixed_logps,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=beta,
+        args=SimpleNamespace(use_bias_correction_kl=True, delta=None),
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=max_len,
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        _metrics={"train": defaultdict(list)},
+        accelerator=accel,
+    )
+    B, T = logps.shape
+    inputs = {
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+    }
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
+    return GRPOTrainer._compute_loss(trainer, None, inputs)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_equals_trl_compute_loss(loss_type, beta):
+    torch.manual_seed(2)
+    B, T, max_len = 6, 7, 9
+    old = -torch.rand(B, T) * 4
+    logps = old + torch.randn(B, T) * 0.3
+    ref = old + torch.randn(B, T) * 0.2
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    adv = group_advantages(rewards, group_size=3)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[0, 5:] = 0
+    mask[3, 2:] = 0
+    ref_arg = ref if beta else None
+    ours_in = logps.clone().requires_grad_(True)
+    trl_in = logps.clone().requires_grad_(True)
+    ours = grpo_loss(
+        ours_in, old, adv, mask, epsilon_high=0.28, beta=beta, ref_logps=ref_arg,
+        loss_type=loss_type, max_completion_length=max_len,
+    )
+    trl = _trl_loss(trl_in, old, adv, mask, loss_type, beta=beta, ref=ref_arg, max_len=max_len)
+    torch.testing.assert_close(ours, trl, rtol=1e-6, atol=1e-7)
+    (g_ours,) = torch.autograd.grad(ours, ours_in)
+    (g_trl,) = torch.autograd.grad(trl, trl_in)
+    torch.testing.assert_close(g_ours, g_trl, rtol=1e-6, atol=1e-8)
+
+
+def test_kl_term_on_hand_numbers():
+    logps = torch.tensor([[-1.0, -2.0]])
+    same = logps.clone()
+    ref = torch.tensor([[-1.5, -1.0]])
+    zero_adv = torch.tensor([0.0])
+    mask = torch.ones(1, 2, dtype=torch.long)
+    q = ref - logps
+    k3 = torch.exp(q) - q - 1
+    got = grpo_loss(logps, same, zero_adv, mask, beta=0.1, ref_logps=ref, loss_type="bnpo")
+    assert got.item() == pytest.approx(0.1 * k3.mean().item(), rel=1e-6)
+    assert (k3 > 0).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        ({"rewards": [1.0, 0.0], "group_size": 1}, ValueError, "group_size must be >= 2"),
+        ({"rewards": [1.0, 0.0, 1.0], "group_size": 2}, ValueError, "multiple of"),
+        ({"rewards": [1.0, float("nan")], "group_size": 2}, ValueError, "finite"),
+        ({"rewards": [1.0, "2"], "group_size": 2}, TypeError, "real numbers"),
+        ({"rewards": [1.0, None], "group_size": 2}, TypeError, "real numbers"),
+        ({"rewards": torch.tensor([True, False]), "group_size": 2}, TypeError, "real numbers"),
+        ({"rewards": [], "group_size": 2}, ValueError, "multiple of"),
+    ],
+)
+def test_advantages_bad_input(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        group_advantages(**kwargs)
+
+
+def test_loss_bad_input():
+    logps, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="old_logps must have shape"):
+        grpo_loss(logps, old[:, :2], adv, mask)
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        grpo_loss(logps, old, adv[:1], mask)
+    with pytest.raises(ValueError, match="completion_mask must have shape"):
+        grpo_loss(logps, old, adv, mask[:, :2])
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        grpo_loss(logps, old, adv, mask, loss_type="dapo")
+    empty = mask.clone()
+    empty[1] = 0
+    with pytest.raises(ValueError, match=r"no token for sequence\(s\) \[1\]"):
+        grpo_loss(logps, old, adv, empty)
+    with pytest.raises(ValueError, match="max_completion_length"):
+        grpo_loss(logps, old, adv, mask, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="ref_logps"):
+        grpo_loss(logps, old, adv, mask, beta=0.1)
+    with pytest.raises(TypeError, match="completion_mask must be a bool or integer"):
+        grpo_loss(logps, old, adv, mask.float())
+    with pytest.raises(TypeError, match="logps must be a floating-point"):
+        grpo_loss(logps.long(), old, adv, mask)
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        grpo_loss(logps, old, torch.tensor([1.0, float("nan")]), mask)
