@@ -1,0 +1,170 @@
+"""Supervised fine-tuning: the loss on the assistant's tokens only, padding, packing, truncation.
+
+A conversation becomes one sequence of ids (`tfbook.posttrain.chat.chat_ids`); the model reads
+all of it but is graded only where the assistant writes (`chat.assistant_mask`): the answers
+and each answer's closing <|im_end|>, never the system prompt, the user's turns or the
+template's own markers.
+
+The shift. A causal model's position t predicts token t + 1 (`GPT.forward`). So the label
+at position t is ids[t + 1] when token t + 1 is the assistant's, and `IGNORE_INDEX` otherwise;
+the last position predicts nothing (IGNORE_INDEX):
+
+    labels[t] = ids[t + 1] if mask[t + 1] == 1 else IGNORE_INDEX,  labels[T - 1] = IGNORE_INDEX
+
+(Hugging Face keeps labels unshifted, labels = ids masked, and shifts inside the loss; the
+two give the same pairs (position, target), tested against TRL's SFTTrainer.)
+
+- `sft_example`: one conversation -> `SFTExample(ids, labels, truncated, n_targets)`; a
+  conversation longer than `max_len` keeps its first `max_len` ids and says so
+  (`truncated=True`, and `n_targets` counts what is left to learn; it can be 0).
+- `collate`: examples -> a right-padded batch; padded labels are IGNORE_INDEX and padded
+  positions are hidden from attention, so padding changes no loss (tested).
+- `pack`: examples laid end to end in rows of at most `max_len` ids, whole examples only, no
+  padding inside a row. What changes: attention is NOT reset at example boundaries (a token
+  may attend to the earlier conversations of its row) and positions run on through the row;
+  the labels stay each example's own (an example's last position is IGNORE_INDEX, so no
+  position is graded on the next conversation's first token). The loss therefore differs
+  slightly from padding's; resetting would need a block-diagonal mask and positions restarted
+  at 0 per example (what TRL's padding-free packing does with `position_ids`).
+- `sft_loss`: the mean of -log p over every assistant token of the batch (a per-token mean
+  over the batch, as TRL's SFTTrainer computes on one device). A batch with no assistant
+  token has nothing to average: `sft_loss` raises a ValueError (TRL instead returns 0 by
+  clamping the count to 1; plain cross-entropy would give 0 / 0 = NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tfbook.losses import IGNORE_INDEX, cross_entropy
+from tfbook.posttrain.chat import assistant_mask, chat_ids
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """One conversation ready for training. ids and labels have the same length; labels are
+    already shifted (labels[t] is the target of position t)."""
+
+    ids: list[int]
+    labels: list[int]
+    truncated: bool = False  # True when the conversation had more than max_len ids
+    n_targets: int = 0  # positions graded (labels != IGNORE_INDEX)
+
+
+def shifted_labels(ids: list[int], mask: list[int]) -> list[int]:
+    """labels[t] = ids[t + 1] where mask[t + 1] == 1, else IGNORE_INDEX; last = IGNORE_INDEX."""
+    return [ids[t + 1] if mask[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)] + [
+        IGNORE_INDEX
+    ]
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r:.40}")
+
+
+def sft_example(tokenizer, messages: list[dict[str, str]], max_len: int) -> SFTExample:
+    """A conversation as ids and shifted labels (the assistant's tokens only), at most max_len.
+
+    Refuses bad conversations as `chat.check_conversation` does (unknown roles, turns that do
+    not alternate, ...) and a max_len below 2 (one position cannot predict anything).
+    """
+    _check_int("max_len", max_len, 2)
+    ids = chat_ids(tokenizer, messages)
+    mask = assistant_mask(tokenizer, messages)
+    truncated = len(ids) > max_len
+    ids, mask = ids[:max_len], mask[:max_len]
+    labels = shifted_labels(ids, mask)
+    return SFTExample(ids, labels, truncated, sum(y != IGNORE_INDEX for y in labels))
+
+
+def _check_examples(examples: list[SFTExample]) -> None:
+    if not isinstance(examples, list | tuple) or not examples:
+        raise ValueError(f"examples must be a non-empty list of SFTExample, got {examples!r:.60}")
+    for k, ex in enumerate(examples):
+        if not isinstance(ex, SFTExample):
+            raise TypeError(f"example {k} must be an SFTExample (sft_example), got "
+                            f"{type(ex).__name__}")
+        if not ex.ids or len(ex.ids) != len(ex.labels):
+            raise ValueError(f"example {k} has {len(ex.ids)} ids and {len(ex.labels)} labels: "
+                             f"they must be the same, non-zero length")
+
+
+def collate(examples: list[SFTExample], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad to the longest example: {"ids", "labels", "attention_mask"}, each (B, T).
+
+    Padded ids are pad_id (any valid id: they are hidden from attention and never graded),
+    padded labels IGNORE_INDEX, attention_mask 1 on real tokens and 0 on padding.
+    """
+    _check_examples(examples)
+    _check_int("pad_id", pad_id, 0)
+    T = max(len(ex.ids) for ex in examples)
+    B = len(examples)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((B, T), dtype=torch.long)
+    for b, ex in enumerate(examples):
+        n = len(ex.ids)
+        ids[b, :n] = torch.tensor(ex.ids)
+        labels[b, :n] = torch.tensor(ex.labels)
+        attention[b, :n] = 1
+    return {"ids": ids, "labels": labels, "attention_mask": attention}
+
+
+def pack(examples: list[SFTExample], max_len: int) -> list[SFTExample]:
+    """Lay whole examples end to end, in order, in rows of at most max_len ids.
+
+    A new row starts when the next example would not fit. Attention is not reset between the
+    examples of a row, and positions run on (see the module's docstring); each label stays the
+    example's own. Feed the rows to `collate` (only the last rows may need padding). An
+    example longer than max_len is refused: truncate it with `sft_example(..., max_len)`.
+    """
+    _check_examples(examples)
+    _check_int("max_len", max_len, 2)
+    rows: list[SFTExample] = []
+    ids: list[int] = []
+    labels: list[int] = []
+    truncated = False
+    for k, ex in enumerate(examples):
+        if len(ex.ids) > max_len:
+            raise ValueError(f"example {k} has {len(ex.ids)} ids, more than max_len={max_len}: "
+                             f"truncate it first (sft_example(..., max_len))")
+        if len(ids) + len(ex.ids) > max_len:
+            rows.append(SFTExample(ids, labels, truncated,
+                                   sum(y != IGNORE_INDEX for y in labels)))
+            ids, labels, truncated = [], [], False
+        ids = ids + ex.ids
+        labels = labels + ex.labels
+        truncated = truncated or ex.truncated
+    rows.append(SFTExample(ids, labels, truncated, sum(y != IGNORE_INDEX for y in labels)))
+    return rows
+
+
+def sft_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """Mean cross-entropy over every assistant token in the batch (labels != IGNORE_INDEX).
+
+    A per-token mean: a batch's long answers weigh more than its short ones, as in TRL's
+    SFTTrainer on one device. Raises ValueError when no label is graded (a batch without an
+    assistant token, e.g. every answer truncated away), rather than returning NaN.
+    """
+    if not isinstance(batch, dict) or not {"ids", "labels"} <= batch.keys():
+        raise TypeError(f"batch must be a dict with 'ids' and 'labels' (collate), got "
+                        f"{batch!r:.60}")
+    ids, labels = batch["ids"], batch["labels"]
+    if not isinstance(ids, Tensor) or not isinstance(labels, Tensor) or ids.shape != labels.shape:
+        raise ValueError(f"batch['ids'] and batch['labels'] must be tensors of the same shape, "
+                         f"got {getattr(ids, 'shape', ids)!r:.40} and "
+                         f"{getattr(labels, 'shape', labels)!r:.40}")
+    n = int((labels != IGNORE_INDEX).sum())
+    if n == 0:
+        raise ValueError("the batch has no assistant token to learn (every label is "
+                         "IGNORE_INDEX): its mean loss would be 0 / 0; drop the batch (or "
+                         "raise max_len if truncation removed the answers)")
+    logits = model(ids, attention_mask=batch.get("attention_mask")).logits  # (B, T, V)
+    return cross_entropy(logits, labels)
+
+
+__all__ = ["SFTExample", "collate", "pack", "sft_example", "sft_loss", "shifted_labels"]
