@@ -158,6 +158,9 @@ def test_equals_trl_compute_loss(loss_type, beta):
     mask = torch.ones(B, T, dtype=torch.long)
     mask[0, 5:] = 0
     mask[3, 2:] = 0
+    ratio, a = torch.exp(logps - old), adv.unsqueeze(1)
+    clipped = (((ratio > 1.28) & (a > 0)) | ((ratio < 0.8) & (a < 0))) & mask.bool()
+    assert clipped.any() and (~clipped & mask.bool()).any()  # the clip is exercised
     ref_arg = ref if beta else None
     ours_in = logps.clone().requires_grad_(True)
     trl_in = logps.clone().requires_grad_(True)
@@ -183,6 +186,15 @@ def test_kl_term_on_hand_numbers():
     got = grpo_loss(logps, same, zero_adv, mask, beta=0.1, ref_logps=ref, loss_type="bnpo")
     assert got.item() == pytest.approx(0.1 * k3.mean().item(), rel=1e-6)
     assert (k3 > 0).all()
+    # off-policy, TRL's default weighs k3 by the ratio; kl_ratio=False is the paper's plain k3
+    old = logps - 0.1
+    ratio = torch.exp(logps - old)
+    got = grpo_loss(logps, old, zero_adv, mask, beta=0.1, ref_logps=ref, loss_type="bnpo")
+    assert got.item() == pytest.approx(0.1 * (ratio * k3).mean().item(), rel=1e-6)
+    plain = grpo_loss(
+        logps, old, zero_adv, mask, beta=0.1, ref_logps=ref, loss_type="bnpo", kl_ratio=False
+    )
+    assert plain.item() == pytest.approx(0.1 * k3.mean().item(), rel=1e-6)
 
 
 @pytest.mark.parametrize(
