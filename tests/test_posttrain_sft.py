@@ -109,6 +109,24 @@ def test_pack_keeps_every_label(tok):
         pack(examples, max_len=len(examples[0].ids) - 1)
 
 
+def test_packing_lets_attention_cross_examples(tok):
+    """What the docstring says packing changes: the second example of a row attends to the
+    first (no reset), so its loss differs from the same example padded alone; the first
+    example's positions are causal and unchanged."""
+    model = _tiny_gpt()
+    a, b = sft_example(tok, SHORT, 128), sft_example(tok, DIALOGUE, 128)
+    (row,) = pack([a, b], max_len=128)
+    first_only = SFTExample(row.ids, a.labels + [IGNORE_INDEX] * len(b.ids))
+    second_only = SFTExample(row.ids, [IGNORE_INDEX] * len(a.ids) + b.labels)
+    with torch.no_grad():
+        packed_a = sft_loss(model, collate([first_only], pad_id=0))
+        packed_b = sft_loss(model, collate([second_only], pad_id=0))
+        alone_a = sft_loss(model, collate([a], pad_id=0))
+        alone_b = sft_loss(model, collate([b], pad_id=0))
+    torch.testing.assert_close(packed_a, alone_a, rtol=1e-5, atol=1e-6)
+    assert abs(packed_b - alone_b) > 1e-3
+
+
 def test_bad_input(tok):
     with pytest.raises(ValueError, match="max_len"):
         sft_example(tok, SHORT, 1)
