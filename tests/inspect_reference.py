@@ -6,8 +6,7 @@ per head and per MLP, head-pattern scores, activation patching, attribution patc
 nnsight read and write. Nothing is downloaded: the Hugging Face hub is switched off while a
 bridge boots (`offline_hub`), the SmolLM2 reference is the `LlamaForCausalLM` built from the
 shipped GGUF (`hf_llama_from_gguf`), and its fast tokenizer is built from the GGUF's own
-vocabulary and merges (`smollm2_fast_tokenizer`). /work/helpers/tl_notes.md explains each
-finding with its snippet.
+vocabulary and merges (`smollm2_fast_tokenizer`).
 
 What the two libraries do to the objects they are given (build tfbook's side first):
 

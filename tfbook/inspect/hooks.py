@@ -55,16 +55,18 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Every hook point of `model` by name, in the order they fire in a forward pass."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch module (a tfbook model), got {type(model).__name__}")
-    points = {name: m for name, m in model.named_modules() if isinstance(m, HookPoint)}
-    owners = {}  # name -> (index of its block among the modules, rank within the block)
-    modules = [name for name, _ in model.named_modules()]
-    for name in points:
+    modules = dict(model.named_modules())
+    points = {name: m for name, m in modules.items() if isinstance(m, HookPoint)}
+    position = {name: i for i, name in enumerate(modules)}  # definition order of the modules
+
+    def owner(name: str) -> tuple[int, int]:
+        """(position of the block that holds the point, its rank within the block)."""
         rank = next((i for i, end in enumerate(ORDER) if name == end or name.endswith("." + end)),
                     len(ORDER))
-        block = name[: len(name) - len(ORDER[rank])] if rank < len(ORDER) else name
-        owners[name] = (modules.index(block.rstrip(".")) if block.rstrip(".") in modules else 0,
-                        rank)
-    return {name: points[name] for name in sorted(points, key=owners.__getitem__)}
+        block = name[: len(name) - len(ORDER[rank])].rstrip(".") if rank < len(ORDER) else name
+        return position.get(block, 0), rank
+
+    return {name: points[name] for name in sorted(points, key=owner)}
 
 
 def hook_names(model: nn.Module, pattern: str = "*") -> list[str]:
