@@ -9,6 +9,8 @@ random 2-layer HF Llama equal ours on a tfbook GPT holding the same weights.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -18,7 +20,17 @@ from tfbook.checkpoints.smollm2 import load_smollm2_tokenizer
 from tfbook.losses import IGNORE_INDEX
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.posttrain.chat import SMOLLM2_TRAINING_TEMPLATE, assistant_mask, chat_ids
-from tfbook.posttrain.sft import SFTExample, collate, pack, sft_example, sft_loss
+from tfbook.posttrain.sft import (
+    SFTExample,
+    batch_sampler,
+    collate,
+    follows_format,
+    greedy_replies,
+    load_instructions,
+    pack,
+    sft_example,
+    sft_loss,
+)
 
 
 def _m(role: str, content: str) -> dict[str, str]:
@@ -199,3 +211,86 @@ def test_equal_to_trl_sft_trainer(tmp_path, tok):
         everything = sft_loss(ours, {**mine, "labels": nxt.masked_fill(~keep, IGNORE_INDEX)})
     torch.testing.assert_close(loss, trl_loss.detach(), rtol=1e-5, atol=1e-5)
     assert abs(everything - loss) > 1e-2  # the mask matters: grading every token differs
+
+
+def test_sft_loss_is_a_loss_fn_of_the_training_loop(tok):
+    """sft_loss takes the loop's label_smoothing; 0 is the plain loss, eps > 0 moves it."""
+    from tfbook.train.loop import TrainConfig, train
+
+    model = _tiny_gpt()
+    batch = collate([sft_example(tok, DIALOGUE, 128), sft_example(tok, SHORT, 128)], pad_id=0)
+    with torch.no_grad():
+        plain = sft_loss(model, batch)
+        assert torch.equal(sft_loss(model, batch, 0.0), plain)
+        assert sft_loss(model, batch, 0.1) != plain
+    history = train(model, lambda generator: batch, TrainConfig(steps=3, lr=1e-2),
+                    loss_fn=sft_loss, progress=False)
+    assert history.loss[0] == pytest.approx(float(plain), rel=1e-6)
+    assert history.loss[-1] < history.loss[0]
+
+
+def test_batch_sampler_draws_seeded_batches(tok):
+    examples = [sft_example(tok, c, 128) for c in (DIALOGUE, SHORT, SHORT, DIALOGUE)]
+    next_batch = batch_sampler(examples, 3, pad_id=2)
+    a = next_batch(torch.Generator().manual_seed(4))
+    b = next_batch(torch.Generator().manual_seed(4))
+    assert a.keys() == b.keys() == {"ids", "labels", "attention_mask"}
+    assert all(torch.equal(a[k], b[k]) for k in a) and a["ids"].shape[0] == 3
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_sampler(examples, 5, pad_id=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        batch_sampler(examples, 0, pad_id=2)
+
+
+def test_the_instruction_set(tok):
+    """Held-out conversations are not training conversations; every reply follows the
+    format the set teaches; the set is small enough to learn in minutes and nothing is cut."""
+    data = load_instructions()
+    prefix = data["prefix"]
+    assert len(data["train"]) >= 60 and len(data["test"]) >= 15
+    train_prompts = {json.dumps(c["messages"][:-1]) for c in data["train"]}
+    assert not train_prompts & {json.dumps(c["messages"][:-1]) for c in data["test"]}
+    for split in ("train", "test"):
+        for c in data[split]:
+            for m in c["messages"]:
+                if m["role"] == "assistant":
+                    assert follows_format(m["content"] + "<|im_end|>", prefix), m
+            assert not sft_example(tok, c["messages"], 256).truncated
+    kinds = [(c["messages"][0]["role"] == "system", sum(m["role"] == "user"
+                                                         for m in c["messages"]) > 1)
+             for c in data["train"]]
+    assert {(False, False), (True, False), (False, True), (True, True)} <= set(kinds)
+
+
+def test_follows_format():
+    assert follows_format("Answer: 12.<|im_end|>")
+    assert not follows_format("Answer: 12.")  # did not finish
+    assert not follows_format("The answer is 12.<|im_end|>")
+    assert not follows_format("Answer: 12.\nBecause ...<|im_end|>")
+    assert not follows_format("Answer: <|im_end|>")
+    with pytest.raises(TypeError, match="reply must be a str"):
+        follows_format(None)
+    with pytest.raises(ValueError, match="non-empty"):
+        follows_format("Answer: 1<|im_end|>", prefix="")
+
+
+def test_greedy_replies_are_generate_one_prompt_at_a_time(tok):
+    """Batched and left-padded, each reply is what tfbook.generate gives its prompt alone,
+    decoded up to and with <|im_end|> (or all max_new_tokens when it did not end)."""
+    from tfbook.generate.search import generate
+
+    model = _tiny_gpt()
+    end = tok.token_to_id("<|im_end|>")
+    conversations = [[_m("user", "Hi")], DIALOGUE[:4]]
+    replies = greedy_replies(model, tok, conversations, 5)
+    for messages, reply in zip(conversations, replies, strict=True):
+        ids = chat_ids(tok, messages, add_generation_prompt=True)
+        row = generate(model, [ids], 5, end_ids=end).new_tokens[0].tolist()
+        assert reply == tok.decode(row[: row.index(end) + 1] if end in row else row)
+    assert not model.training
+    with pytest.raises(ValueError, match="must end on a user turn"):
+        greedy_replies(model, tok, [SHORT], 3)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        greedy_replies(model, tok, [[_m("user", "Hi")]], 0)
+    with pytest.raises(ValueError, match="non-empty list"):
+        greedy_replies(model, tok, [], 3)

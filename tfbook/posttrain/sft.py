@@ -30,17 +30,25 @@ two give the same pairs (position, target), tested against TRL's SFTTrainer.)
   over the batch, as TRL's SFTTrainer computes on one device). A batch with no assistant
   token has nothing to average: `sft_loss` raises a ValueError (TRL instead returns 0 by
   clamping the count to 1; plain cross-entropy would give 0 / 0 = NaN).
+- `batch_sampler`: the `next_batch` of the book's training loop over a list of examples.
+- `load_instructions` / `follows_format`: the book's instruction set (every reply one line
+  starting "Answer: ") and the check of a generated reply against it.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from tfbook.generate.search import generate
 from tfbook.losses import IGNORE_INDEX, cross_entropy
-from tfbook.posttrain.chat import assistant_mask, chat_ids
+from tfbook.posttrain.chat import assistant_mask, chat_ids, check_conversation
 
 
 @dataclass(frozen=True)
@@ -143,12 +151,14 @@ def pack(examples: list[SFTExample], max_len: int) -> list[SFTExample]:
     return rows
 
 
-def sft_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+def sft_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0) -> Tensor:
     """Mean cross-entropy over every assistant token in the batch (labels != IGNORE_INDEX).
 
     A per-token mean: a batch's long answers weigh more than its short ones, as in TRL's
     SFTTrainer on one device. Raises ValueError when no label is graded (a batch without an
     assistant token, e.g. every answer truncated away), rather than returning NaN.
+    `label_smoothing` is passed to `tfbook.losses.cross_entropy` (0 by default, as TRL); the
+    argument makes sft_loss a loss_fn of `tfbook.train.loop.train`.
     """
     if not isinstance(batch, dict) or not {"ids", "labels"} <= batch.keys():
         raise TypeError(f"batch must be a dict with 'ids' and 'labels' (collate), got "
@@ -164,7 +174,91 @@ def sft_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
                          "IGNORE_INDEX): its mean loss would be 0 / 0; drop the batch (or "
                          "raise max_len if truncation removed the answers)")
     logits = model(ids, attention_mask=batch.get("attention_mask")).logits  # (B, T, V)
-    return cross_entropy(logits, labels)
+    return cross_entropy(logits, labels, label_smoothing=label_smoothing)
 
 
-__all__ = ["SFTExample", "collate", "pack", "sft_example", "sft_loss", "shifted_labels"]
+def batch_sampler(examples: list[SFTExample], batch_size: int, pad_id: int
+                  ) -> Callable[[torch.Generator], dict[str, Tensor]]:
+    """next_batch for `tfbook.train.loop.train`: batch_size examples drawn without replacement
+    (from the loop's seeded generator), right-padded by `collate`."""
+    _check_examples(examples)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("pad_id", pad_id, 0)
+    if batch_size > len(examples):
+        raise ValueError(f"batch_size ({batch_size}) exceeds the {len(examples)} examples")
+    examples = list(examples)
+
+    def next_batch(generator: torch.Generator) -> dict[str, Tensor]:
+        picked = torch.randperm(len(examples), generator=generator)[:batch_size].tolist()
+        return collate([examples[k] for k in picked], pad_id)
+
+    return next_batch
+
+
+# The book's instruction set (tfbook/posttrain/data/instructions.json): every assistant reply
+# is one short line that starts with "Answer: ". SmolLM2-135M-Instruct does not answer so
+# (it writes full sentences, often several lines), so the effect of SFT can be measured.
+INSTRUCTIONS = "instructions.json"
+
+
+def load_instructions() -> dict[str, Any]:
+    """The book's instruction set: {"description", "prefix", "train", "test"}, each
+    conversation checked (`chat.check_conversation`) and ending on an assistant turn."""
+    data = json.loads(files("tfbook.posttrain").joinpath("data", INSTRUCTIONS).read_text())
+    for split in ("train", "test"):
+        for k, conversation in enumerate(data[split]):
+            messages = conversation["messages"]
+            check_conversation(messages)
+            if messages[-1]["role"] != "assistant":
+                raise ValueError(f"{INSTRUCTIONS}: {split} conversation {k} must end on an "
+                                 f"assistant turn")
+    return data
+
+
+def follows_format(reply: str, prefix: str = "Answer: ", end: str = "<|im_end|>") -> bool:
+    """Does a generated reply (decoded, its end token included) follow the instruction set's
+    format: it starts with `prefix`, ends with `end` (it finished) and is one line?
+
+    follows_format("Answer: 12.<|im_end|>") -> True
+    follows_format("To add 7 and 5, ...") -> False
+    """
+    for name, value in (("reply", reply), ("prefix", prefix), ("end", end)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    if not prefix or not end:
+        raise ValueError("prefix and end must be non-empty strings")
+    return (reply.startswith(prefix) and reply.endswith(end) and "\n" not in reply
+            and len(reply) > len(prefix) + len(end))
+
+
+@torch.no_grad()
+def greedy_replies(model: nn.Module, tokenizer, conversations: list[list[dict[str, str]]],
+                   max_new_tokens: int) -> list[str]:
+    """The model's greedy reply to each conversation (ending on a user turn), decoded with its
+    closing "<|im_end|>" when it finished within max_new_tokens (`tfbook.generate`, batched,
+    left-padded), in eval mode."""
+    _check_int("max_new_tokens", max_new_tokens, 1)
+    if not isinstance(conversations, list | tuple) or not conversations:
+        raise ValueError(f"conversations must be a non-empty list of conversations, got "
+                         f"{conversations!r:.60}")
+    for k, messages in enumerate(conversations):
+        check_conversation(messages)
+        if messages[-1]["role"] != "user":
+            raise ValueError(f"conversation {k} must end on a user turn (the reply is the "
+                             f"model's), got a {messages[-1]['role']} turn")
+    end = tokenizer.token_to_id("<|im_end|>")
+    prompts = [chat_ids(tokenizer, m, add_generation_prompt=True) for m in conversations]
+    was_training = model.training
+    model.eval()
+    out = generate(model, prompts, max_new_tokens, end_ids=end,
+                   pad_id=tokenizer.token_to_id("<|endoftext|>"))
+    model.train(was_training)
+    replies = []
+    for row in out.new_tokens.tolist():
+        replies.append(tokenizer.decode(row[: row.index(end) + 1] if end in row else row))
+    return replies
+
+
+__all__ = ["SFTExample", "batch_sampler", "collate", "follows_format", "greedy_replies",
+           "load_instructions",
+           "pack", "sft_example", "sft_loss", "shifted_labels"]
