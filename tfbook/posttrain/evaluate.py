@@ -14,10 +14,17 @@ binomials is computed as a product so that nothing overflows:
 e.g. pass_at_k(n=4, c=1, k=2) = 1 - C(3, 2) / C(4, 2) = 1 - 3/6 = 0.5.
 """
 
+import json
 import math
+from collections.abc import Sequence
 from numbers import Integral
+from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["pass_at_k", "mean_pass_at_k", "naive_pass_at_k"]
+import torch
+import torch.nn.functional as F
+
+from tfbook.train.corpus_lm import bits_per_byte
 
 
 def _count(name: str, value) -> int:
@@ -72,3 +79,294 @@ def mean_pass_at_k(n, c, k: int) -> float:
     if len(ns) != len(cs):
         raise ValueError(f"n and c must have one entry per problem, got {len(ns)} and {len(cs)}")
     return sum(pass_at_k(ni, ci, k) for ni, ci in zip(ns, cs, strict=True)) / len(cs)
+
+
+# --- log-likelihood of a continuation (lm-evaluation-harness's `loglikelihood`) -----------
+
+
+class LogLikelihood(NamedTuple):
+    """The score of one (context, continuation) request.
+
+    `logprob` and `is_greedy` are what lm-evaluation-harness returns: the summed log-probability
+    of the continuation's tokens, and whether every one of them is the model's argmax.
+    """
+
+    logprob: float  # sum over the continuation's tokens of log p(token | everything before it)
+    is_greedy: bool  # each continuation token is the most probable one at its position
+    n_tokens: int  # how many tokens the continuation was scored as
+
+
+def _check_text(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _check_tokenizer(tokenizer) -> None:
+    if not callable(getattr(tokenizer, "encode_ordinary", None)):
+        raise TypeError(
+            f"tokenizer must be a tfbook tokenizer (with encode_ordinary), got "
+            f"{type(tokenizer).__name__}"
+        )
+
+
+def _prefix_id(tokenizer) -> int:
+    """The token an empty context is replaced by: BOS, else EOS (lm_eval's `prefix_token_id`)."""
+    for name in ("bos_id", "eos_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError("an empty context needs a BOS or EOS token, and the tokenizer has neither")
+
+
+def encode_pair(
+    tokenizer, context: str, continuation: str, add_bos: bool = False
+) -> tuple[list[int], list[int]]:
+    """Context and continuation ids, split as lm-evaluation-harness 0.4 splits them.
+
+    Trailing spaces of the context move to the continuation ("Answer: " + "Paris" is scored as
+    "Answer:" + " Paris", the way the text would be tokenized as a whole); then the whole text
+    and the context alone are encoded and the continuation is what the whole has beyond the
+    context's length. An empty context becomes the BOS token (EOS if there is none) and the
+    continuation is encoded alone. `add_bos` puts BOS in front of the context as a tokenizer
+    with `add_special_tokens=True` and `add_bos_token=True` would.
+    """
+    _check_tokenizer(tokenizer)
+    _check_text("context", context)
+    _check_text("continuation", continuation)
+    if add_bos is not True and add_bos is not False:
+        raise TypeError(f"add_bos must be True or False, got {add_bos!r}")
+    if not continuation:
+        raise ValueError("continuation is empty: there is nothing to score")
+    bos = [_prefix_id(tokenizer)] if add_bos else []
+    if context == "":
+        cont = tokenizer.encode_ordinary(continuation)
+        prefix = _prefix_id(tokenizer)
+        # lm_eval: a continuation that already starts with the prefix token uses it as context
+        return ([prefix], cont) if cont[0] != prefix else (cont[:1], cont[1:])
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    whole = bos + tokenizer.encode_ordinary(context + continuation)
+    ctx = bos + tokenizer.encode_ordinary(context)
+    return ctx, whole[len(ctx) :]
+
+
+def _context_length(model) -> int:
+    """The most positions `model` sees: a tfbook GPT's config.max_len (an HF model's
+    config.max_position_embeddings)."""
+    config = getattr(model, "config", None)
+    for name in ("max_len", "max_position_embeddings"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    raise TypeError(
+        f"model must be a causal LM with a config giving its context length (a tfbook GPT), "
+        f"got {type(model).__name__}"
+    )
+
+
+@torch.no_grad()
+def score_ids(
+    model, pairs: Sequence[tuple[list[int], list[int]]], batch_size: int = 16
+) -> list[LogLikelihood]:
+    """Log-likelihood of each continuation given its context, both given as ids.
+
+    Each request runs as one row context + continuation[:-1] (right-padded in a batch; a
+    causal model's earlier positions never see the padding); the log-softmax at the last
+    len(continuation) positions scores the continuation's tokens. A request longer than the
+    model's max_len + 1 loses context tokens from the left, as in lm-evaluation-harness.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    max_len = _context_length(model)
+    rows = []
+    for k, pair in enumerate(pairs):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise TypeError(f"request {k} must be a (context ids, continuation ids) pair")
+        ctx, cont = (list(p) for p in pair)
+        if not ctx or not cont:
+            raise ValueError(
+                f"request {k} has {len(ctx)} context and {len(cont)} continuation tokens: "
+                f"both must be non-empty"
+            )
+        if len(cont) > max_len:
+            raise ValueError(
+                f"request {k}: a continuation of {len(cont)} tokens does not fit the model's "
+                f"context of {max_len}"
+            )
+        rows.append(((ctx + cont)[-(max_len + 1) :][:-1], cont))
+    results: list[LogLikelihood] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        T = max(len(inp) for inp, _ in chunk)
+        batch = torch.zeros(len(chunk), T, dtype=torch.long)  # right padding with id 0
+        for i, (inp, _) in enumerate(chunk):
+            batch[i, : len(inp)] = torch.tensor(inp)
+        logits = model(batch).logits  # (B, T, V)
+        for i, (inp, cont) in enumerate(chunk):
+            n, m = len(inp), len(cont)
+            log_probs = F.log_softmax(logits[i, n - m : n].float(), dim=-1)  # (m, V)
+            target = torch.tensor(cont)
+            greedy = bool((log_probs.argmax(dim=-1) == target).all())
+            logprob = float(log_probs.gather(-1, target[:, None]).sum())
+            results.append(LogLikelihood(logprob, greedy, m))
+    return results
+
+
+def loglikelihoods(
+    model,
+    tokenizer,
+    requests: Sequence[tuple[str, str]],
+    add_bos: bool = False,
+    batch_size: int = 16,
+) -> list[LogLikelihood]:
+    """log p(continuation | context) of each (context, continuation) request, lm_eval's way.
+
+    The split is `encode_pair`'s, the scoring `score_ids`'s: equal to lm-evaluation-harness
+    0.4.13's `HFLM.loglikelihood` (its (logprob, is_greedy)) on the same model and tokenizer.
+    """
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(
+            f"requests must be a list of (context, continuation) pairs of str, got "
+            f"{type(requests).__name__}"
+        )
+    pairs = []
+    for k, request in enumerate(requests):
+        if not (isinstance(request, (tuple, list)) and len(request) == 2):
+            raise TypeError(f"request {k} must be a (context, continuation) pair, got {request!r}")
+        pairs.append(encode_pair(tokenizer, request[0], request[1], add_bos))
+    return score_ids(model, pairs, batch_size)
+
+
+# --- multiple choice by log-likelihood ---------------------------------------------------
+
+# How the options' log-likelihoods are compared (lm_eval's multiple_choice metrics):
+#   "sum":   the summed log-probability itself                    (lm_eval's acc)
+#   "chars": divided by the option's length in characters          (lm_eval's acc_norm)
+#   "bytes": divided by the option's length in UTF-8 bytes         (lm_eval's acc_bytes)
+#   "tokens": divided by the option's number of tokens (a per-token mean; not in lm_eval)
+NORMALISATIONS = ("sum", "chars", "bytes", "tokens")
+
+
+class Question(NamedTuple):
+    """One multiple-choice question: the options and the index of the right one."""
+
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    topic: str = ""
+
+
+def load_mc_questions() -> list[Question]:
+    """The book's own multiple-choice set (tfbook/posttrain/data/mc_questions.json)."""
+    data = json.loads((Path(__file__).parent / "data" / "mc_questions.json").read_text("utf-8"))
+    return [
+        Question(q["question"], tuple(q["choices"]), q["answer"], q.get("topic", ""))
+        for q in data["questions"]
+    ]
+
+
+def _check_question(k: int, q) -> None:
+    if not isinstance(q, Question):
+        raise TypeError(f"question {k} must be a Question, got {type(q).__name__}")
+    if len(q.choices) < 2 or not all(isinstance(c, str) and c for c in q.choices):
+        raise ValueError(f"question {k} needs at least 2 non-empty str choices, got {q.choices!r}")
+    if isinstance(q.answer, bool) or not isinstance(q.answer, int):
+        raise TypeError(f"question {k}: answer must be an int index, got {q.answer!r}")
+    if not 0 <= q.answer < len(q.choices):
+        raise ValueError(
+            f"question {k}: answer {q.answer} is not an index of its {len(q.choices)} choices"
+        )
+
+
+def mc_prompt(question: Question) -> str:
+    """The context of every option: "Question: ...\\nAnswer:" (lm_eval's ARC template)."""
+    return f"Question: {question.question}\nAnswer:"
+
+
+def mc_requests(questions: Sequence[Question]) -> list[tuple[str, str]]:
+    """(context, " " + option) for each option of each question, in order (lm_eval's
+    multiple_choice with its default target delimiter, a space)."""
+    if not isinstance(questions, (list, tuple)) or not questions:
+        raise ValueError("questions must be a non-empty list of Question")
+    for k, q in enumerate(questions):
+        _check_question(k, q)
+    return [(mc_prompt(q), " " + choice) for q in questions for choice in q.choices]
+
+
+def mc_predictions(
+    questions: Sequence[Question], scores: Sequence[LogLikelihood], normalisation: str = "sum"
+) -> list[int]:
+    """The option each question picks: the argmax of its options' (normalised) log-likelihoods.
+
+    `scores` are `loglikelihoods(..., mc_requests(questions))`, one per option in order. The
+    lengths that "chars" and "bytes" divide by are the option's text without the space in
+    front (as lm_eval's acc_norm and acc_bytes); ties go to the first option (numpy's argmax).
+    """
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    n_options = sum(len(q.choices) for q in questions)
+    if len(scores) != n_options:
+        raise ValueError(
+            f"expected one score per option ({n_options} for {len(questions)} questions), "
+            f"got {len(scores)}"
+        )
+    predictions, k = [], 0
+    for q in questions:
+        values = []
+        for choice, s in zip(q.choices, scores[k : k + len(q.choices)], strict=True):
+            length = {
+                "sum": 1,
+                "chars": len(choice),
+                "bytes": len(choice.encode("utf-8")),
+                "tokens": s.n_tokens,
+            }[normalisation]
+            values.append(s.logprob / length)
+        predictions.append(max(range(len(values)), key=values.__getitem__))  # first max
+        k += len(q.choices)
+    return predictions
+
+
+def mc_accuracy(
+    questions: Sequence[Question], scores: Sequence[LogLikelihood], normalisation: str = "sum"
+) -> float:
+    """Fraction of questions whose picked option (`mc_predictions`) is the right one."""
+    predictions = mc_predictions(questions, scores, normalisation)
+    return sum(p == q.answer for p, q in zip(predictions, questions, strict=True)) / len(questions)
+
+
+# --- perplexity and bits per byte ---------------------------------------------------------
+
+
+class TextScore(NamedTuple):
+    """How well a model predicts one text under one segmentation into tokens."""
+
+    nats_per_token: float  # mean -log p(token | the tokens before it)
+    perplexity: float  # exp(nats_per_token): per TOKEN, so it depends on the tokenizer
+    bits_per_byte: float  # total bits / UTF-8 bytes of the text: comparable across tokenizers
+    n_tokens: int
+    n_bytes: int
+
+
+@torch.no_grad()
+def score_text(model, ids: Sequence[int], text: str, prefix_id: int) -> TextScore:
+    """Perplexity and bits per byte of `text`, segmented as `ids`, under `model`.
+
+    Every token of the text is predicted, the first one from `prefix_id` alone (BOS): the
+    total -log p is the code length of the whole text, which is what bits per byte divides by
+    the text's bytes (tfbook.train.corpus_lm.bits_per_byte).
+    """
+    _check_text("text", text)
+    ids = list(ids)
+    if not ids:
+        raise ValueError("ids is empty: a text of no tokens has no perplexity")
+    max_len = _context_length(model)
+    if len(ids) > max_len:
+        raise ValueError(f"{len(ids)} tokens do not fit the model's context of {max_len}")
+    (s,) = score_ids(model, [([prefix_id], ids)], batch_size=1)
+    nats = -s.logprob / len(ids)
+    n_bytes = len(text.encode("utf-8"))
+    return TextScore(
+        nats, math.exp(nats), bits_per_byte(nats, len(ids), n_bytes), len(ids), n_bytes
+    )
