@@ -87,11 +87,27 @@ def test_round_trip_bit_for_bit(trained):
         assert torch.equal(loaded(IDS).logits, logits)  # switched back on after the block
 
 
-def test_adapters_off_is_the_base_model(trained):
-    model, _ = trained
+def test_adapters_off_is_the_base_model_and_load_into_it(trained):
+    model, directory = trained
     fresh = smollm2_with_lora(r=4, alpha=8, seed=3)  # B = 0: exactly SmolLM2
     with torch.no_grad(), adapters_disabled(model):
         assert torch.equal(model(IDS).logits, fresh(IDS).logits)
+    base = {n: p.clone() for n, p in fresh.named_parameters() if "lora_" not in n}
+    assert load_adapter(directory, into=fresh) is fresh  # no second read of the GGUF
+    ours = dict(fresh.named_parameters())
+    for name, tensor in model.named_parameters():
+        assert torch.equal(ours[name], tensor), name
+    assert all(torch.equal(ours[n], t) for n, t in base.items())
+    with pytest.raises(TypeError, match="into must be a SmolLM2 GPT"):
+        load_adapter(directory, into="model")
+    config = GPTConfig(max_len=16, vocab_size=32, n_layers=1, n_heads=2, d_model=16, d_ff=32)
+    with pytest.raises(ValueError, match="belong to SmolLM2-135M-Instruct"):
+        load_adapter(directory, into=GPT(config))
+    copy_dir = directory.parent / "r8"
+    save_adapter(fresh, copy_dir)
+    _edit_json(copy_dir, alpha=4)  # same tensors, another alpha
+    with pytest.raises(ValueError, match="are not the adapter's"):
+        load_adapter(copy_dir, into=fresh)
 
 
 def _copy(directory, tmp_path):
@@ -177,7 +193,7 @@ def test_save_refuses_what_it_cannot_store(trained, tmp_path):
     with pytest.raises(ValueError, match="has no LoRA layers"):
         save_adapter(GPT(config), tmp_path)
     from tfbook.lora import add_lora
-    with pytest.raises(ValueError, match="saves adapters of SmolLM2-135M-Instruct"):
+    with pytest.raises(ValueError, match="belong to SmolLM2-135M-Instruct"):
         save_adapter(add_lora(GPT(config)), tmp_path)
     with pytest.raises(ValueError, match="JSON-serialisable"):
         save_adapter(model, tmp_path, meta={"x": float("nan")})

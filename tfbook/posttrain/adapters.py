@@ -94,7 +94,7 @@ def _layout_of(model: nn.Module) -> str:
                                           fused_activation=expected.fused_activation,
                                           fused_norm=expected.fused_norm) == expected:
             return layout
-    raise ValueError(f"save_adapter saves adapters of {BASE} (tfbook.checkpoints.smollm2."
+    raise ValueError(f"these adapters belong to {BASE} (tfbook.checkpoints.smollm2."
                      f"load_smollm2), got a {type(model).__name__} with config {config}")
 
 
@@ -183,11 +183,14 @@ def _expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in _adapter_tensors(skeleton).items()}
 
 
-def load_adapter(directory: str | Path) -> GPT:
+def load_adapter(directory: str | Path, into: nn.Module | None = None) -> GPT:
     """SmolLM2 with the adapter saved in `directory` (save_adapter), in eval mode.
 
     Strict: the tensors must be exactly the ones the JSON's targets and r ask for, float32,
     with their shapes; anything else raises ValueError before the base model is loaded.
+    `into`: a SmolLM2 with LoRA of the same layout, targets, r and alpha (smollm2_with_lora)
+    to load the adapter into instead of building a new one (reading the GGUF again); its
+    adapters are overwritten, its base weights are not touched.
     """
     config = read_adapter_config(directory)
     path = Path(directory) / ADAPTER_FILE
@@ -213,12 +216,35 @@ def load_adapter(directory: str | Path) -> GPT:
                              f"{tensor.dtype} of shape {tuple(tensor.shape)}")
         if not torch.isfinite(tensor).all():
             raise ValueError(f"{path}: {name} holds NaN or infinite values")
-    model = smollm2_with_lora(config["targets"], r=config["r"], alpha=config["alpha"],
-                              layout=config["layout"])
+    if into is None:
+        model = smollm2_with_lora(config["targets"], r=config["r"], alpha=config["alpha"],
+                                  layout=config["layout"])
+    else:
+        model = _check_into(into, config, expected)
     with torch.no_grad():
         for name, parameter in _adapter_tensors(model).items():
             parameter.copy_(tensors[name])
     return model.eval()
+
+
+def _check_into(model: object, config: dict[str, Any], expected: dict[str, tuple[int, ...]]
+                ) -> GPT:
+    """`into` must be SmolLM2 in the adapter's layout with exactly the adapter's LoRA layers."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"into must be a SmolLM2 GPT with LoRA (smollm2_with_lora), got "
+                        f"{type(model).__name__}")
+    layout = _layout_of(model)
+    if layout != config["layout"]:
+        raise ValueError(f"into is SmolLM2 in layout {layout!r}, the adapter was trained in "
+                         f"layout {config['layout']!r}")
+    have = {name: tuple(t.shape) for name, t in _adapter_tensors(model).items()}
+    settings = {(layer.r, layer.alpha) for layer in lora_layers(model).values()}
+    if have != expected or settings != {(config["r"], config["alpha"])}:
+        raise ValueError(f"into's LoRA layers ({len(have)} tensors, r and alpha {settings}) "
+                         f"are not the adapter's (targets {config['targets']}, r={config['r']}, "
+                         f"alpha={config['alpha']}): build it with smollm2_with_lora(targets, "
+                         f"r, alpha)")
+    return model
 
 
 __all__ = ["ADAPTER_FILE", "BASE", "CONFIG_FILE", "adapters_disabled", "load_adapter",
