@@ -5,6 +5,9 @@ the objects they draw.
   chat), the highlighted ones are exactly assistant_mask's 1s, each role's boxes hold exactly
   that role's text, the bars of `shifted` are sft's shifted labels; hostile message text
   (markup, quotes, a forged <|im_end|>, an 80-byte token) stays text;
+- dpo_pair_figure: every number on it is dpo_loss's on the log-probs given (from a real
+  policy with LoRA and its adapter-disabled reference), its arrows are dependencies of the
+  computation dpo_loss recorded (a figure wired otherwise is refused), hostile texts stay text;
 - both figures fit the book's column and a phone's with the book's smallest text, and in
   Chromium no two texts overlap and no line crosses a text.
 """
@@ -16,14 +19,17 @@ import time
 import xml.etree.ElementTree as ET
 
 import pytest
+import torch
 
 import tests.diagram_helpers as helpers
 import tfbook.diagrams.posttrain as posttrain_figures
+from tfbook.diagrams.dataflow import check_edges
 from tfbook.diagrams.diagram import PHONE_COLUMN
-from tfbook.diagrams.posttrain import chat_mask_figure, token_text
+from tfbook.diagrams.posttrain import _fmt, chat_mask_figure, dpo_pair_figure, token_text
 from tfbook.diagrams.svg import SMALL
 from tfbook.losses import IGNORE_INDEX
 from tfbook.posttrain.chat import assistant_mask, chat_ids, render_chat
+from tfbook.posttrain.dpo import adapters_disabled, dpo_loss, preference_logps
 from tfbook.posttrain.sft import sft_example
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -195,6 +201,156 @@ def test_bad_input_is_refused(tok) -> None:
         token_text("x")
 
 
+# --- dpo_pair_figure -------------------------------------------------------------------------
+
+def policy_and_pairs():
+    """A tiny tfbook GPT with LoRA adapters (B moved off zero, so policy != reference) and two
+    preference pairs of ids with their completion masks."""
+    from tfbook.lora import add_lora, lora_layers
+    from tfbook.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = add_lora(GPT(GPTConfig(max_len=16, vocab_size=32, n_layers=1, n_heads=2,
+                                   d_model=16)).eval(), r=2, alpha=4)
+    for layer in lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B, std=0.3)
+    g = torch.Generator().manual_seed(1)
+    chosen, rejected = torch.randint(0, 32, (2, 9), generator=g), torch.randint(0, 32, (2, 9),
+                                                                                generator=g)
+    mask = torch.zeros(2, 9, dtype=torch.long)
+    mask[:, 4:] = 1
+    return model, chosen, mask, rejected, mask.clone()
+
+
+def texts_of(d) -> str:
+    return " ".join(helpers.svg_texts(d.svg))
+
+
+def test_the_numbers_are_dpo_loss_on_a_real_policy_and_its_reference() -> None:
+    """Log-probs of a LoRA policy and of the same model with its adapters off: every number
+    the figure writes is dpo_loss's, for the pair drawn and (its note) for the batch."""
+    model, *batch = policy_and_pairs()
+    with torch.no_grad():
+        pc, pr = preference_logps(model, *batch)
+        with adapters_disabled(model):
+            rc, rr = preference_logps(model, *batch)
+    assert not torch.equal(pc, rc)  # the adapters change the scores
+    for pair in (0, 1):
+        d = dpo_pair_figure(pc, pr, rc, rr, beta=0.5, pair=pair)
+        out = dpo_loss(pc[pair:pair + 1], pr[pair:pair + 1], rc[pair:pair + 1],
+                       rr[pair:pair + 1], beta=0.5)
+        expected = {"policy_chosen": pc[pair], "policy_rejected": pr[pair],
+                    "ref_chosen": rc[pair], "ref_rejected": rr[pair],
+                    "chosen_reward": out.chosen_rewards[0],
+                    "rejected_reward": out.rejected_rewards[0], "margin": out.margins[0],
+                    "loss": out.loss, "batch_loss": dpo_loss(pc, pr, rc, rr, beta=0.5).loss}
+        for name, value in expected.items():
+            assert d.values[name] == float(value), name  # bit for bit: the same function
+        texts = texts_of(d)
+        v = {n: _fmt(float(x)) for n, x in expected.items()}
+        for side in ("chosen", "rejected"):
+            assert f"= {v['policy_' + side]}" in texts and f"= {v['ref_' + side]}" in texts
+            assert (f"= 0.5 × ({v['policy_' + side]} − ({v['ref_' + side]})) = "
+                    f"{v[side + '_reward']}") in texts
+        assert f"= {v['chosen_reward']} − ({v['rejected_reward']}) = {v['margin']}" in texts
+        assert f"= −log σ({v['margin']}) = {v['loss']}" in texts
+        assert f"Pair {pair} of 2" in texts and f"its 2 pairs: {v['batch_loss']}." in texts
+        assert d.wired
+
+
+def test_arrows_are_the_dependencies_dpo_loss_computes() -> None:
+    """The arrows from the log-probs to the loss are the recorded dependencies of dpo_loss:
+    each reward from its own two log-probs only, the margin from both, the loss from the
+    margin; an arrow wired otherwise is refused."""
+    d = dpo_pair_figure(-4.2, -6.8, -4.5, -6.6)
+    data = [e for e in d.edges]
+    assert ("policy_chosen", "chosen_logratio") in data and ("ref_chosen",
+                                                             "chosen_logratio") in data
+    assert ("policy_rejected", "rejected_logratio") in data
+    assert ("logits", "loss") in data and ("chosen_reward", "margin") in data
+    assert d.flow.sources("chosen_logratio") == {"policy_chosen", "ref_chosen"}
+    assert d.flow.depends("loss", "policy_rejected")
+    assert not d.flow.depends("chosen_reward", "policy_rejected")
+    omit = [("chosen_logratio", "chosen_reward"), ("rejected_logratio", "rejected_reward")]
+    check_edges(data, d.flow, omit=omit)
+    for wrong in [("policy_rejected", "chosen_logratio"), ("chosen_reward", "loss"),
+                  ("policy_chosen", "logits")]:
+        with pytest.raises(ValueError, match="disagree with the computation"):
+            check_edges([*data, wrong], d.flow, omit=omit)
+    with pytest.raises(ValueError, match="missing: chosen_logratio -> logits"):
+        check_edges([e for e in data if e != ("chosen_logratio", "logits")], d.flow,
+                    omit=omit)
+
+
+def test_a_step_named_wrongly_is_refused(monkeypatch) -> None:
+    """If dpo_loss's steps were not where DPO_STEPS says (swap the two log-ratios), the figure
+    refuses to draw instead of labelling one tensor with another's name."""
+    steps = dict(posttrain_figures.DPO_STEPS)
+    first, second, *rest = steps["sub"]
+    steps["sub"] = (second, first, *rest)
+    monkeypatch.setattr(posttrain_figures, "DPO_STEPS", steps)
+    with pytest.raises(RuntimeError, match="update DPO_STEPS"):
+        dpo_pair_figure(-4.2, -6.8, -4.5, -6.6)
+
+
+def test_both_rewards_falling_and_the_reference_kinds() -> None:
+    """When the policy lowers both completions below the reference, both rewards are negative
+    and the figure says so with minus signs; an explicit reference is worded as a copy."""
+    d = dpo_pair_figure(-30.0, -45.0, -20.0, -25.0, beta=0.1)
+    assert d.values["chosen_reward"] < 0 and d.values["rejected_reward"] < 0
+    assert d.values["margin"] > 0  # and yet the margin grew: the loss falls
+    texts = texts_of(d)
+    assert "= 0.1 × (−30 − (−20)) = −1" in texts and "= 0.1 × (−45 − (−25)) = −2" in texts
+    assert "LoRA on, trained" in texts and "LoRA off, frozen" in texts
+    copy = texts_of(dpo_pair_figure(-30.0, -45.0, -20.0, -25.0, reference="copy"))
+    assert "a frozen copy" in copy and "LoRA" not in copy
+
+
+HOSTILE_PAIR = dict(prompt="<script>alert('x')</script> & \"q\" " * 4,
+                    chosen="שלום\n<b>bold</b>", rejected="x" * 200)
+
+
+def test_hostile_pair_texts_stay_text() -> None:
+    d = dpo_pair_figure(-12.5, -14.0, -12.0, -13.0, **HOSTILE_PAIR)
+    root = ET.fromstring(d.svg)
+    assert not any(el.tag.endswith(("script", "b")) for el in root.iter())
+    assert "<script" not in d.svg and "<b>" not in d.svg
+    texts = texts_of(d)
+    assert "“<script>alert('x')</script>" in texts and '& "q"' in texts
+    assert "\\n<b>bold</b>" in texts  # the newline shown, the markup as text
+    assert "x" * 89 + "…" in texts.replace(" ", "") and "x" * 90 not in texts.replace(" ", "")
+
+
+def test_dpo_bad_input_is_refused() -> None:
+    ok = dict(policy_chosen=torch.tensor([-4.0, -5.0]), policy_rejected=torch.tensor([-6.0, -7.0]),
+              ref_chosen=torch.tensor([-4.5, -5.5]), ref_rejected=torch.tensor([-6.5, -7.5]))
+    with pytest.raises(ValueError, match="as many pairs"):
+        dpo_pair_figure(**{**ok, "ref_rejected": torch.tensor([-1.0])})
+    with pytest.raises(ValueError, match=r"pair must be an int in \[0, 2\)"):
+        dpo_pair_figure(**ok, pair=2)
+    with pytest.raises(ValueError, match="each <= 0"):
+        dpo_pair_figure(**{**ok, "policy_chosen": torch.tensor([0.5, -1.0])})
+    with pytest.raises(ValueError, match="finite log-probabilities"):
+        dpo_pair_figure(**{**ok, "ref_chosen": torch.tensor([float("nan"), -1.0])})
+    with pytest.raises(TypeError, match="summed log-probability"):
+        dpo_pair_figure(**{**ok, "policy_chosen": True})
+    with pytest.raises(TypeError, match="floating tensor of shape"):
+        dpo_pair_figure(**{**ok, "policy_chosen": torch.tensor([-1, -2])})
+    with pytest.raises(ValueError, match="reference must be one of"):
+        dpo_pair_figure(**ok, reference="frozen")
+    with pytest.raises(ValueError, match="beta must be a finite number > 0"):
+        dpo_pair_figure(**ok, beta=0.0)
+    with pytest.raises(TypeError, match="a prompt or completion must be a str"):
+        dpo_pair_figure(**ok, prompt=3)
+
+
+def test_dpo_drawing_is_cheap() -> None:
+    start = time.process_time()
+    dpo_pair_figure(-4.2, -6.8, -4.5, -6.6, prompt="What is 7 times 8?", chosen="56.",
+                    rejected="54.")
+    assert time.process_time() - start < 0.5
+
+
 # --- sizes, and a look in Chromium --------------------------------------------------------
 
 def drawings(tok) -> dict[str, object]:
@@ -202,6 +358,13 @@ def drawings(tok) -> dict[str, object]:
         "chat mask, two turns, shifted": chat_mask_figure(tok, TWO_TURNS, shifted=True),
         "chat mask, system": chat_mask_figure(tok, WITH_SYSTEM),
         "chat mask, hostile": chat_mask_figure(tok, HOSTILE, shifted=True),
+        "dpo pair": dpo_pair_figure(
+            torch.tensor([-4.2131, -8.0]), torch.tensor([-6.8012, -9.0]),
+            torch.tensor([-4.5, -8.1]), torch.tensor([-6.62, -8.7]), beta=0.1,
+            prompt="What is 7 times 8?", chosen="7 times 8 is 56.", rejected="7 times 8 is 54."),
+        "dpo pair, hostile, long numbers": dpo_pair_figure(
+            -12345.678, -23456.789, -12345.0, -0.000123, beta=0.001234, reference="copy",
+            **HOSTILE_PAIR),
     }
 
 
