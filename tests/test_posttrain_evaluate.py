@@ -86,3 +86,184 @@ def test_mean_pass_at_k_bad_input():
         mean_pass_at_k([4, 4], [1], 2)
     with pytest.raises(ValueError, match="k must be <= n"):
         mean_pass_at_k([4, 1], [1, 1], 2)
+
+
+# --- log-likelihoods, multiple choice, bits per byte -----------------------------------------
+
+import dataclasses  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from tfbook.checkpoints.smollm2 import load_smollm2_tokenizer  # noqa: E402
+from tfbook.models.gpt import GPT, GPTConfig  # noqa: E402
+from tfbook.posttrain.evaluate import (  # noqa: E402
+    NORMALISATIONS,
+    LogLikelihood,
+    Question,
+    encode_pair,
+    load_mc_questions,
+    loglikelihoods,
+    mc_accuracy,
+    mc_predictions,
+    mc_prompt,
+    mc_requests,
+    score_ids,
+    score_text,
+)
+from tfbook.train.corpus_lm import bits_per_byte  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def gpt(tok):
+    torch.manual_seed(0)
+    config = dataclasses.replace(GPTConfig.tiny(), vocab_size=tok.vocab_size, max_len=16)
+    return GPT(config).eval()
+
+
+def test_encode_pair_moves_trailing_spaces_and_splits_the_whole(tok):
+    ctx, cont = encode_pair(tok, "Question: 2 + 2?\nAnswer: ", "four")
+    assert (ctx, cont) == encode_pair(tok, "Question: 2 + 2?\nAnswer:", " four")
+    assert ctx == tok.encode_ordinary("Question: 2 + 2?\nAnswer:")
+    assert ctx + cont == tok.encode_ordinary("Question: 2 + 2?\nAnswer: four")
+    assert tok.decode(cont) == " four"
+    bos_ctx, bos_cont = encode_pair(tok, "Answer:", " four", add_bos=True)
+    assert bos_ctx == [tok.bos_id, *tok.encode_ordinary("Answer:")] and bos_cont == cont
+    # an empty context: the BOS token stands in for it
+    assert encode_pair(tok, "", "four") == ([tok.bos_id], tok.encode_ordinary("four"))
+
+
+def test_encode_pair_keeps_the_context_ids_when_the_whole_merges_across(tok):
+    # "hello" + "world" tokenises as a whole differently from its parts: lm_eval keeps the
+    # context's own ids and takes what the whole has beyond their count
+    ctx, cont = encode_pair(tok, "hel", "lo")
+    whole = tok.encode_ordinary("hello")
+    assert ctx == tok.encode_ordinary("hel") and cont == whole[len(ctx) :]
+
+
+def test_score_ids_equals_one_row_at_a_time(gpt):
+    torch.manual_seed(1)
+    V = gpt.config.vocab_size
+    pairs = [
+        (torch.randint(0, V, (n,)).tolist(), torch.randint(0, V, (m,)).tolist())
+        for n, m in [(1, 1), (5, 3), (2, 7), (9, 1)]
+    ]
+    got = score_ids(gpt, pairs, batch_size=3)  # two batches, right-padded
+    for (ctx, cont), s in zip(pairs, got, strict=True):
+        ids = torch.tensor([ctx + cont])
+        with torch.no_grad():
+            logp = F.log_softmax(gpt(ids).logits[0].double(), -1)  # (T, V)
+        want = sum(float(logp[len(ctx) + j - 1, t]) for j, t in enumerate(cont))
+        greedy = all(int(logp[len(ctx) + j - 1].argmax()) == t for j, t in enumerate(cont))
+        assert s.logprob == pytest.approx(want, abs=1e-4 * len(cont))
+        assert s.is_greedy == greedy and s.n_tokens == len(cont)
+
+
+def test_score_ids_is_greedy_on_the_models_own_continuation(gpt):
+    ids = [5, 6, 7]
+    with torch.no_grad():
+        for _ in range(3):
+            ids.append(int(gpt(torch.tensor([ids])).logits[0, -1].argmax()))
+    (s,) = score_ids(gpt, [(ids[:3], ids[3:])])
+    assert s.is_greedy and s.logprob < 0
+    (t,) = score_ids(gpt, [(ids[:3], ids[3:5] + [(ids[5] + 1) % gpt.config.vocab_size])])
+    assert not t.is_greedy and t.logprob < s.logprob
+
+
+def test_score_ids_truncates_the_context_from_the_left(gpt):
+    # max_len 16: a 20 + 3 token request keeps its last 17 tokens (16 inputs)
+    ctx, cont = list(range(100, 120)), [7, 8, 9]
+    (long,) = score_ids(gpt, [(ctx, cont)])
+    (cut,) = score_ids(gpt, [(ctx[-14:], cont)])
+    assert long.logprob == pytest.approx(cut.logprob, abs=1e-5)
+
+
+def hand_scores(values_and_tokens):
+    return [LogLikelihood(v, False, n) for v, n in values_and_tokens]
+
+
+def test_mc_predictions_by_normalisation():
+    q = Question("?", ("a", "bbbbbbbbbb", "éé"), 1)  # 1, 10 characters; "éé" is 4 bytes
+    scores = hand_scores([(-3.0, 1), (-10.0, 2), (-3.5, 4)])
+    assert mc_predictions([q], scores, "sum") == [0]  # -3 is the largest sum
+    assert mc_predictions([q], scores, "chars") == [1]  # -1 per character beats -1.75, -3
+    # per byte: -3/1, -10/10, -3.5/4 -> the 4-byte option (-0.875) wins
+    assert mc_predictions([q], scores, "bytes") == [2]
+    assert mc_predictions([q], scores, "tokens") == [2]  # -3, -5, -0.875 per token
+    assert mc_accuracy([q], scores, "chars") == 1.0 and mc_accuracy([q], scores, "sum") == 0.0
+    tie = hand_scores([(-2.0, 1), (-2.0, 1), (-5.0, 1)])
+    assert mc_predictions([q], tie, "sum") == [0]  # ties go to the first, as numpy's argmax
+
+
+def test_mc_requests_and_the_books_set():
+    questions = load_mc_questions()
+    assert len(questions) >= 30 and all(len(q.choices) == 4 for q in questions)
+    answers = [q.answer for q in questions]
+    assert all(answers.count(i) == len(questions) // 4 for i in range(4))  # balanced positions
+    lengths = [sorted(len(c) for c in q.choices) for q in questions]
+    assert sum(hi >= 2 * lo for lo, *_, hi in lengths) >= len(questions) // 2  # lengths differ
+    correct_longest = sum(len(q.choices[q.answer]) == max(map(len, q.choices)) for q in questions)
+    assert 0 < correct_longest < len(questions)
+    requests = mc_requests(questions[:2])
+    assert requests[0] == (mc_prompt(questions[0]), " " + questions[0].choices[0])
+    assert len(requests) == 8 and mc_prompt(questions[0]).endswith("\nAnswer:")
+
+
+def test_score_text_perplexity_and_bits_per_byte(gpt, tok):
+    text = "The cat sat."
+    ids = tok.encode_ordinary(text)
+    s = score_text(gpt, ids, text, prefix_id=tok.bos_id)
+    (ll,) = score_ids(gpt, [([tok.bos_id], ids)])
+    assert s.n_tokens == len(ids) and s.n_bytes == len(text.encode())
+    assert s.nats_per_token == pytest.approx(-ll.logprob / len(ids))
+    assert s.perplexity == pytest.approx(math.exp(s.nats_per_token))
+    assert s.bits_per_byte == bits_per_byte(s.nats_per_token, len(ids), s.n_bytes)
+    byte_ids = [tok.byte_ids[b] for b in text.encode()]  # the same text, one token per byte
+    b = score_text(gpt, byte_ids, text, prefix_id=tok.bos_id)
+    assert b.n_tokens == b.n_bytes > s.n_tokens
+
+
+def test_bad_input_of_the_scoring_functions(gpt, tok):
+    with pytest.raises(ValueError, match="continuation is empty"):
+        encode_pair(tok, "a", "")
+    with pytest.raises(TypeError, match="context must be a str"):
+        encode_pair(tok, None, "a")
+    with pytest.raises(TypeError, match="tfbook tokenizer"):
+        encode_pair("not a tokenizer", "a", "b")
+    with pytest.raises(TypeError, match="add_bos must be True or False"):
+        encode_pair(tok, "a", "b", add_bos=1)
+    with pytest.raises(ValueError, match="both must be non-empty"):
+        score_ids(gpt, [([], [1])])
+    with pytest.raises(ValueError, match="does not fit"):
+        score_ids(gpt, [([1], list(range(17)))])
+    with pytest.raises(ValueError, match=r"ids must be ints in \[0, 49152\), got 49152"):
+        score_ids(gpt, [([1], [49152])])
+    with pytest.raises(ValueError, match="ids must be ints"):
+        score_ids(gpt, [([1.5], [2])])
+    with pytest.raises(ValueError, match="batch_size"):
+        score_ids(gpt, [([1], [2])], batch_size=0)
+    with pytest.raises(TypeError, match="config giving its context length"):
+        score_ids(torch.nn.Linear(2, 2), [([1], [2])])
+    with pytest.raises(TypeError, match="list of"):
+        loglikelihoods(gpt, tok, "ab")
+    with pytest.raises(TypeError, match="request 0 must be a"):
+        loglikelihoods(gpt, tok, ["ab"])
+    q = Question("?", ("a", "b"), 0)
+    with pytest.raises(ValueError, match="normalisation must be one of"):
+        mc_predictions([q], hand_scores([(-1, 1), (-2, 1)]), "mean")
+    with pytest.raises(ValueError, match="one score per option"):
+        mc_predictions([q], hand_scores([(-1, 1)]), "sum")
+    with pytest.raises(ValueError, match="not an index"):
+        mc_requests([Question("?", ("a", "b"), 2)])
+    with pytest.raises(ValueError, match="at least 2 non-empty"):
+        mc_requests([Question("?", ("a",), 0)])
+    with pytest.raises(ValueError, match="non-empty list"):
+        mc_requests([])
+    with pytest.raises(ValueError, match="ids is empty"):
+        score_text(gpt, [], "", prefix_id=0)
+    assert NORMALISATIONS == ("sum", "chars", "bytes", "tokens")

@@ -180,6 +180,7 @@ def score_ids(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     max_len = _context_length(model)
+    vocab_size = model.config.vocab_size
     rows = []
     for k, pair in enumerate(pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -190,6 +191,13 @@ def score_ids(
                 f"request {k} has {len(ctx)} context and {len(cont)} continuation tokens: "
                 f"both must be non-empty"
             )
+        bad = [
+            t
+            for t in ctx + cont
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size
+        ]
+        if bad:
+            raise ValueError(f"request {k}: ids must be ints in [0, {vocab_size}), got {bad[0]!r}")
         if len(cont) > max_len:
             raise ValueError(
                 f"request {k}: a continuation of {len(cont)} tokens does not fit the model's "
