@@ -20,12 +20,21 @@ rejected_rewards); their difference is the margin. This is TRL's default loss_ty
 without label smoothing; it equals `trl.DPOTrainer`'s loss and reward metrics (trl 1.16, tested).
 
 Each log pi(y|x) is a sum over the completion's tokens (`sequence_logps`), never a mean.
+
+From text to a training step: `load_preferences` reads the book's preference set (checked),
+`preference_example` turns one (prompt, chosen, rejected) into SmolLM2 chat ids with the
+assistant's tokens marked (empty texts and chosen == rejected refused), `collate_pairs` pads a
+batch, and `DPOLossFn` is the loss_fn of the book's one training loop (tfbook.train.loop.train),
+with the reference log-probs precomputed in the batch or computed from the adapter-disabled
+model, and every step's rewards, margins and log-probs recorded.
 Shape legend: B batch (pairs), T sequence, V vocab.
 """
 
+import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -33,6 +42,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfbook.lora import lora_layers
+from tfbook.losses import IGNORE_INDEX
+from tfbook.posttrain.chat import assistant_mask, chat_ids
+
+PREFERENCES_PATH = Path(__file__).resolve().parent / "data" / "preferences.json"
+SPLITS = ("train", "held_out")
 
 
 class DPOOutput(NamedTuple):
@@ -235,3 +249,157 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for name, layer in layers.items():
             layer.scaling = saved[name]
+
+
+def check_pair(prompt: object, chosen: object, rejected: object, where: str = "the pair") -> None:
+    """A preference pair is three non-empty strings with chosen != rejected (else ValueError)."""
+    for name, text in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+        if not isinstance(text, str):
+            raise TypeError(f"{where}: {name} must be a str, got {type(text).__name__}")
+        if not text.strip():
+            raise ValueError(f"{where}: {name} is empty; a preference pair needs a prompt and "
+                             f"two non-empty answers")
+    if chosen.strip() == rejected.strip():
+        raise ValueError(f"{where}: chosen and rejected are the same text {chosen!r:.60}; a "
+                         f"preference needs two different answers (its margin would be 0 "
+                         f"whatever the model learns)")
+
+
+def load_preferences(split: str | None = None, path: str | Path = PREFERENCES_PATH
+                     ) -> list[dict[str, str]]:
+    """The book's preference set (tfbook/posttrain/data/preferences.json), checked.
+
+    Each pair is a dict with prompt, chosen, rejected, kind ("wrong": the rejected answer
+    states a wrong fact; "rambling": the same fact in filler) and split ("train" or
+    "held_out"). `split` keeps one split; None keeps both. Prompts are unique, so no held-out
+    prompt is ever trained on.
+    """
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
+    pairs = json.loads(Path(path).read_text(encoding="utf-8")).get("pairs")
+    if not isinstance(pairs, list) or not pairs:
+        raise ValueError(f"{path} must hold a non-empty list 'pairs', got {type(pairs).__name__}")
+    seen: set[str] = set()
+    for k, pair in enumerate(pairs):
+        where = f"pair {k} of {Path(path).name}"
+        if not isinstance(pair, dict):
+            raise TypeError(f"{where} must be a dict, got {type(pair).__name__}")
+        check_pair(pair.get("prompt"), pair.get("chosen"), pair.get("rejected"), where)
+        if pair.get("split") not in SPLITS:
+            raise ValueError(f"{where}: split must be one of {SPLITS}, got {pair.get('split')!r}")
+        if pair["prompt"] in seen:
+            raise ValueError(f"{where}: the prompt {pair['prompt']!r:.60} appears twice")
+        seen.add(pair["prompt"])
+    return [p for p in pairs if split is None or p["split"] == split]
+
+
+class PreferenceExample(NamedTuple):
+    """One pair as ids: the chat up to the end of each answer, 1 in the mask on the answer."""
+
+    chosen_ids: list[int]
+    chosen_mask: list[int]
+    rejected_ids: list[int]
+    rejected_mask: list[int]
+
+
+def preference_example(tokenizer, prompt: str, chosen: str, rejected: str) -> PreferenceExample:
+    """(prompt, chosen, rejected) -> SmolLM2 chat ids of [user: prompt, assistant: answer].
+
+    The mask is `chat.assistant_mask`: 1 on the answer and its closing <|im_end|>, so the
+    summed log-prob is log pi(answer, end | prompt). The template's newline after <|im_end|>
+    (mask 0) is dropped: nothing is scored after the answer ends.
+    """
+    check_pair(prompt, chosen, rejected)
+    out = []
+    for answer in (chosen, rejected):
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        ids, mask = chat_ids(tokenizer, messages), assistant_mask(tokenizer, messages)
+        end = max(t for t, m in enumerate(mask) if m) + 1
+        out += [ids[:end], mask[:end]]
+    return PreferenceExample(*out)
+
+
+def collate_pairs(examples: Sequence[PreferenceExample], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded (B, T) tensors chosen_ids, chosen_mask, rejected_ids, rejected_mask.
+
+    Also `labels` (2B, T): the answer ids, IGNORE_INDEX elsewhere (chosen rows, then rejected),
+    so the training loop counts the answer tokens a step reads.
+    """
+    if not isinstance(examples, Sequence) or not examples or not all(
+            isinstance(e, PreferenceExample) for e in examples):
+        raise ValueError(f"collate_pairs needs a non-empty list of PreferenceExample, got "
+                         f"{examples!r:.80}")
+    batch: dict[str, Tensor] = {}
+    for side in ("chosen", "rejected"):
+        rows = [getattr(e, f"{side}_ids") for e in examples]
+        masks = [getattr(e, f"{side}_mask") for e in examples]
+        T = max(map(len, rows))
+        batch[f"{side}_ids"] = torch.tensor([r + [pad_id] * (T - len(r)) for r in rows])
+        batch[f"{side}_mask"] = torch.tensor([m + [0] * (T - len(m)) for m in masks])
+    labels = [batch[f"{side}_ids"].masked_fill(batch[f"{side}_mask"] == 0, IGNORE_INDEX)
+              for side in ("chosen", "rejected")]
+    T = max(x.size(1) for x in labels)
+    batch["labels"] = torch.cat([F.pad(x, (0, T - x.size(1)), value=IGNORE_INDEX)
+                                 for x in labels])  # (2B, T)
+    return batch
+
+
+@torch.no_grad()
+def reference_logps(model: nn.Module, batch: dict[str, Tensor], reference: nn.Module | None = None
+                    ) -> tuple[Tensor, Tensor]:
+    """log pi_ref of the chosen and rejected answers (B,), B each, without gradient.
+
+    reference=None: the policy with its LoRA adapters switched off (`adapters_disabled`).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        if reference is None:
+            with adapters_disabled(model):
+                return preference_logps(model, batch["chosen_ids"], batch["chosen_mask"],
+                                        batch["rejected_ids"], batch["rejected_mask"])
+        return preference_logps(reference, batch["chosen_ids"], batch["chosen_mask"],
+                                batch["rejected_ids"], batch["rejected_mask"])
+    finally:
+        model.train(was_training)
+
+
+STEP_METRICS = ("loss", "chosen_rewards", "rejected_rewards", "margins", "accuracy",
+                "chosen_logps", "rejected_logps")
+
+
+class DPOLossFn:
+    """DPO as the loss_fn of `tfbook.train.loop.train`: loss_fn(model, batch, label_smoothing).
+
+    The reference log-probs come from batch["ref_chosen"] / batch["ref_rejected"] when the
+    batch carries them (precomputed once), else from `reference_logps` (the adapter-disabled
+    policy when reference is None). Each call appends the batch means of STEP_METRICS to
+    `self.log` (accuracy: the fraction of pairs whose margin is > 0).
+    """
+
+    def __init__(self, beta: float = 0.1, reference: nn.Module | None = None) -> None:
+        dpo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), beta)  # checks
+        self.beta = beta
+        self.reference = reference
+        self.log: dict[str, list[float]] = {name: [] for name in STEP_METRICS}
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor],
+                 label_smoothing: float = 0.0) -> Tensor:
+        if label_smoothing:
+            raise ValueError(f"DPO's sigmoid loss has no label smoothing here; got "
+                             f"label_smoothing={label_smoothing!r} (use 0.0)")
+        if "ref_chosen" in batch:
+            ref_c, ref_r = batch["ref_chosen"], batch["ref_rejected"]
+        else:
+            ref_c, ref_r = reference_logps(model, batch, self.reference)
+        pol_c, pol_r = preference_logps(model, batch["chosen_ids"], batch["chosen_mask"],
+                                        batch["rejected_ids"], batch["rejected_mask"])
+        out = dpo_loss(pol_c, pol_r, ref_c, ref_r, self.beta)
+        for name, value in (
+            ("loss", out.loss.detach()), ("chosen_rewards", out.chosen_rewards),
+            ("rejected_rewards", out.rejected_rewards), ("margins", out.margins),
+            ("accuracy", (out.margins > 0).float()), ("chosen_logps", pol_c.detach()),
+            ("rejected_logps", pol_r.detach()),
+        ):  # fmt: skip
+            self.log[name].append(value.mean().item())
+        return out.loss
