@@ -513,7 +513,7 @@ def _dpo_canvas(title: str, v: dict[str, float], prompt: str | None, chosen: str
     for note in words:
         lines_ = wrap_words(note, W, SMALL)
         c.text(0, y + SMALL + 4, lines_, SMALL, anchor="start", sub=True)
-        y += SMALL * 1.25 * len(lines_) + 6
+        y += SMALL * 1.25 * len(lines_) + 10
     return c
 
 
