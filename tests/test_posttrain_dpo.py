@@ -324,3 +324,160 @@ def test_equal_to_trl_dpo_trainer_with_lora_reference(tmp_path):
     with pytest.raises(ValueError, match="needs a model with LoRA layers"):
         with adapters_disabled(_tiny_gpt()):
             pass
+
+
+# --- the book's preference set, its tokenisation, and DPO as the training loop's loss_fn ---
+
+
+def test_preference_set():
+    from tfbook.posttrain.dpo import load_preferences
+
+    pairs = load_preferences()
+    train, held = load_preferences("train"), load_preferences("held_out")
+    assert len(train) + len(held) == len(pairs) >= 60 and len(held) >= 10
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in held}
+    assert {p["kind"] for p in pairs} == {"wrong", "rambling"}
+    for split in (train, held):  # both kinds in both splits
+        assert {p["kind"] for p in split} == {"wrong", "rambling"}
+    for p in pairs:
+        assert p["chosen"] != p["rejected"]
+        if p["kind"] == "rambling":  # the same answer, longer
+            assert len(p["rejected"]) > 2 * len(p["chosen"])
+    with pytest.raises(ValueError, match="split must be one of"):
+        load_preferences("test")
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        ({"chosen": "  "}, ValueError, "chosen is empty"),
+        ({"rejected": ""}, ValueError, "rejected is empty"),
+        ({"prompt": ""}, ValueError, "prompt is empty"),
+        ({"rejected": "Paris. "}, ValueError, "chosen and rejected are the same"),
+        ({"chosen": 3}, TypeError, "chosen must be a str"),
+        ({"split": "dev"}, ValueError, "split must be one of"),
+    ],
+)
+def test_preference_set_refuses_bad_pairs(tmp_path, change, error, match):
+    import json
+
+    from tfbook.posttrain.dpo import load_preferences
+
+    pair = {"prompt": "Capital of France?", "chosen": "Paris.", "rejected": "Lyon.",
+            "kind": "wrong", "split": "train"}
+    path = tmp_path / "prefs.json"
+    path.write_text(json.dumps({"pairs": [{**pair, **change}]}))
+    with pytest.raises(error, match=match):
+        load_preferences(path=path)
+    path.write_text(json.dumps({"pairs": [pair, {**pair, "chosen": "Paris!"}]}))
+    with pytest.raises(ValueError, match="appears twice"):
+        load_preferences(path=path)
+    path.write_text(json.dumps({"pairs": []}))
+    with pytest.raises(ValueError, match="non-empty list"):
+        load_preferences(path=path)
+
+
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    from tfbook.checkpoints.smollm2 import load_smollm2_tokenizer
+
+    return load_smollm2_tokenizer()
+
+
+def test_preference_example_marks_the_answer(smol_tokenizer):
+    from tfbook.posttrain.chat import chat_ids
+    from tfbook.posttrain.dpo import collate_pairs, preference_example
+
+    tok = smol_tokenizer
+    ex = preference_example(tok, "What is 2 + 2?", "4.", "2 + 2 is 5, I think.")
+    for ids, mask, answer in ((ex.chosen_ids, ex.chosen_mask, "4."),
+                              (ex.rejected_ids, ex.rejected_mask, "2 + 2 is 5, I think.")):
+        assert len(ids) == len(mask) and mask[-1] == 1  # ends on the answer's <|im_end|>
+        assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) == answer + "<|im_end|>"
+        prompt = chat_ids(tok, [{"role": "user", "content": "What is 2 + 2?"}],
+                          add_generation_prompt=True)
+        assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+    batch = collate_pairs([ex, ex], pad_id=0)
+    assert batch["chosen_ids"].shape == (2, len(ex.chosen_ids))
+    assert batch["rejected_ids"].shape == (2, len(ex.rejected_ids))
+    assert int((batch["labels"] != -100).sum()) == 2 * (sum(ex.chosen_mask) + sum(ex.rejected_mask))
+    with pytest.raises(ValueError, match="chosen and rejected are the same"):
+        preference_example(tok, "Hi", "Hello.", "Hello.")
+    with pytest.raises(ValueError, match="chosen is empty"):
+        preference_example(tok, "Hi", "", "Hello.")
+    with pytest.raises(ValueError, match="non-empty list of PreferenceExample"):
+        collate_pairs([], pad_id=0)
+
+
+def _tiny_lora_gpt():
+    model = _tiny_gpt()
+    add_lora(model, ("q_proj", "v_proj"), r=2, alpha=4)
+    return model
+
+
+def _tiny_batch():
+    from tfbook.posttrain.dpo import PreferenceExample, collate_pairs
+
+    examples = [
+        PreferenceExample([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], [1, 2, 3, 6], [0, 0, 0, 1]),
+        PreferenceExample([7, 8, 9, 10], [0, 0, 1, 1], [7, 8, 11, 12, 13], [0, 0, 1, 1, 1]),
+    ]
+    return collate_pairs(examples, pad_id=0)
+
+
+def test_dpo_loss_fn_reference_and_log():
+    from tfbook.posttrain.dpo import DPOLossFn, reference_logps
+
+    model = _tiny_lora_gpt()
+    batch = _tiny_batch()
+    fn = DPOLossFn(beta=0.1)
+    first = fn(model, batch)  # lora_B = 0: the policy is its reference
+    assert first.item() == pytest.approx(math.log(2), abs=1e-6)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.normal_(0, 0.5)
+    ref_c, ref_r = reference_logps(model, batch)  # the adapter-disabled model
+    precomputed = {**batch, "ref_chosen": ref_c, "ref_rejected": ref_r}
+    loss = fn(model, precomputed)
+    torch.testing.assert_close(loss, fn(model, batch))
+    with torch.no_grad():
+        pol_c, pol_r = sequence_logps(model, batch["chosen_ids"], batch["chosen_mask"]), \
+            sequence_logps(model, batch["rejected_ids"], batch["rejected_mask"])
+    want = dpo_loss(pol_c, pol_r, ref_c, ref_r, beta=0.1)
+    torch.testing.assert_close(loss.detach(), want.loss)
+    assert abs(want.margins).min() > 1e-3  # the adapters moved the policy
+    assert len(fn.log["loss"]) == 3
+    assert fn.log["margins"][1] == pytest.approx(want.margins.mean().item(), rel=1e-5)
+    assert fn.log["chosen_logps"][1] == pytest.approx(pol_c.mean().item(), rel=1e-5)
+    assert fn.log["accuracy"][1] == (want.margins > 0).float().mean().item()
+    # an explicit reference model gives the reference's log-probs
+    other = _tiny_gpt()
+    explicit = DPOLossFn(beta=0.1, reference=other)
+    with torch.no_grad():
+        oc = sequence_logps(other, batch["chosen_ids"], batch["chosen_mask"])
+        orr = sequence_logps(other, batch["rejected_ids"], batch["rejected_mask"])
+    torch.testing.assert_close(explicit(model, batch).detach(),
+                               dpo_loss(pol_c, pol_r, oc, orr, beta=0.1).loss)
+    with pytest.raises(ValueError, match="label smoothing"):
+        fn(model, batch, 0.1)
+    with pytest.raises(ValueError, match="beta"):
+        DPOLossFn(beta=0.0)
+    with pytest.raises(ValueError, match="LoRA layers"):
+        reference_logps(_tiny_gpt(), batch)
+
+
+def test_dpo_in_the_training_loop():
+    """The one training loop with DPOLossFn: the margin grows on the pairs it trains on."""
+    from tfbook.posttrain.dpo import DPOLossFn
+    from tfbook.train.loop import TrainConfig, train
+
+    model = _tiny_lora_gpt()
+    batch = _tiny_batch()
+    fn = DPOLossFn(beta=0.5)
+    config = TrainConfig(steps=8, lr=3e-2, schedule="constant", weight_decay=0.0, seed=0)
+    history = train(model, lambda g: batch, config, loss_fn=fn, progress=False)
+    assert len(fn.log["loss"]) == 8 and history.loss == fn.log["loss"]
+    assert fn.log["loss"][0] == pytest.approx(math.log(2), abs=1e-6)
+    assert fn.log["margins"][-1] > 0.1 and fn.log["loss"][-1] < fn.log["loss"][0] - 0.05
+    assert history.tokens[-1] == 8 * int((batch["labels"] != -100).sum())
