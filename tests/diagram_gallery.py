@@ -333,10 +333,29 @@ def _inside() -> list[Figure]:
             ("inside/inside_the_model", "patching set-up", patching)]
 
 
+def _posttrain() -> list[Figure]:
+    from tfbook.checkpoints.smollm2 import load_smollm2_tokenizer
+    from tfbook.diagrams.posttrain import chat_mask_figure, dpo_pair_figure
+
+    def mask() -> Diagram:
+        messages = [{"role": "user", "content": "What is 7 times 8?"},
+                    {"role": "assistant", "content": "7 times 8 is 56."},
+                    {"role": "user", "content": "And plus 4?"},
+                    {"role": "assistant", "content": "56 + 4 = 60."}]
+        return chat_mask_figure(load_smollm2_tokenizer(), messages, shifted=True)
+
+    def dpo() -> Diagram:
+        return dpo_pair_figure(-4.213, -6.801, -4.5, -6.62, beta=0.1, prompt="What is 7 times 8?",
+                               chosen="7 times 8 is 56.", rejected="7 times 8 is 54.")
+
+    return [("posttrain/chat_and_sft", "assistant mask", mask),
+            ("posttrain/preferences", "DPO pair", dpo)]
+
+
 def figures() -> list[Figure]:
     """(page, name, a function drawing it) of every diagram, in the book's order."""
     return _intro() + _text() + _attention() + _architectures() + _generation() + _fast() \
-        + _learning() + _inside()
+        + _learning() + _inside() + _posttrain()
 
 
 def page(drawn: list[tuple[str, str, Diagram]]) -> str:

@@ -24,10 +24,11 @@ def drawn() -> dict[str, object]:
 
 
 def test_the_gallery_holds_every_diagram_of_the_book() -> None:
-    """29 diagrams were read; the speculative-decoding and Q4_1 figures are their chapters'
-    (drawn and tested there), so 27 here, and Part VII's two, each with a name of its own."""
+    """Parts I-VI's 27 diagrams (the speculative-decoding and Q4_1 figures are their chapters',
+    drawn and tested there), Part VII's two inside the model and its two after pre-training
+    (the assistant mask, DPO's pair of policies): 31, each with a name of its own."""
     names = [name for _, name, _ in FIGURES]
-    assert len(names) == len(set(names)) == 29
+    assert len(names) == len(set(names)) == 31
 
 
 @pytest.mark.parametrize("name", [name for _, name, _ in FIGURES])
