@@ -105,6 +105,7 @@ from tfbook.posttrain.evaluate import (  # noqa: E402
     load_mc_questions,
     loglikelihoods,
     mc_accuracy,
+    mc_options,
     mc_predictions,
     mc_prompt,
     mc_requests,
@@ -214,6 +215,22 @@ def test_mc_requests_and_the_books_set():
     assert len(requests) == 8 and mc_prompt(questions[0]).endswith("\nAnswer:")
 
 
+def test_letters_style():
+    q = Question("Which is even?", ("three", "four", "five"), 1)
+    assert (
+        mc_prompt(q, "letters") == "Question: Which is even?\nA. three\nB. four\nC. five\nAnswer:"
+    )
+    assert mc_options(q, "letters") == ("A", "B", "C") and mc_options(q) == q.choices
+    assert mc_requests([q], "letters")[1] == (mc_prompt(q, "letters"), " B")
+    scores = hand_scores([(-3.0, 1), (-1.0, 1), (-2.0, 1)])
+    for normalisation in NORMALISATIONS:  # one letter, one token each: all agree
+        assert mc_predictions([q], scores, normalisation, "letters") == [1]
+    with pytest.raises(ValueError, match="style must be one of"):
+        mc_prompt(q, "mmlu")
+    with pytest.raises(ValueError, match="at most 10 can be lettered"):
+        mc_requests([Question("?", tuple("abcdefghijk"), 0)], "letters")
+
+
 def test_score_text_perplexity_and_bits_per_byte(gpt, tok):
     text = "The cat sat."
     ids = tok.encode_ordinary(text)
@@ -256,6 +273,8 @@ def test_bad_input_of_the_scoring_functions(gpt, tok):
     q = Question("?", ("a", "b"), 0)
     with pytest.raises(ValueError, match="normalisation must be one of"):
         mc_predictions([q], hand_scores([(-1, 1), (-2, 1)]), "mean")
+    with pytest.raises(TypeError, match="scores must be LogLikelihood"):
+        mc_predictions([q], [(-1.0, False), (-2.0, False)], "sum")
     with pytest.raises(ValueError, match="one score per option"):
         mc_predictions([q], hand_scores([(-1, 1)]), "sum")
     with pytest.raises(ValueError, match="not an index"):

@@ -165,6 +165,25 @@ def test_multiple_choice_accuracy_equals_harness_task(models):
                 )
             )
     assert requests == mc_requests(questions)
+    # MMLU's layout (the options listed, then " A", " B", ...): lm_eval builds the same requests
+    with ref.offline_hub():
+        lettered = ConfigurableTask(
+            config={
+                **task.config.to_dict(),
+                "task": "tfbook_mc_letters",
+                "custom_dataset": lambda **_: {"test": datasets.Dataset.from_list(docs)},
+                "doc_to_text": "Question: {{question}}\n"
+                + "".join(f"{x}. {{{{choices[{i}]}}}}\n" for i, x in enumerate("ABCD"))
+                + "Answer:",
+                "doc_to_choice": ["A", "B", "C", "D"],
+            }
+        )
+    letter_requests = [
+        i.args
+        for doc in lettered.test_docs()
+        for i in lettered.construct_requests(doc, lettered.doc_to_text(doc), metadata=("m", 0, 1))
+    ]
+    assert letter_requests == mc_requests(questions, "letters")
 
     scores = loglikelihoods(model, tok, requests, batch_size=8)
     per_token, _ = bound_and_margins(model, tok, requests, False)

@@ -288,30 +288,71 @@ def _check_question(k: int, q) -> None:
         )
 
 
-def mc_prompt(question: Question) -> str:
-    """The context of every option: "Question: ...\\nAnswer:" (lm_eval's ARC template)."""
-    return f"Question: {question.question}\nAnswer:"
+# How a question is put to the model:
+#   "cloze":   "Question: ...\nAnswer:" and each option's own text as the continuation
+#              (lm_eval's ARC and HellaSwag style): options of different lengths compete
+#   "letters": the options listed as "A. ...", "B. ..." after the question, then "Answer:",
+#              and the continuations " A", " B", ... (MMLU's layout in lm_eval): one token each
+STYLES = ("cloze", "letters")
+LETTERS = "ABCDEFGHIJ"
 
 
-def mc_requests(questions: Sequence[Question]) -> list[tuple[str, str]]:
-    """(context, " " + option) for each option of each question, in order (lm_eval's
-    multiple_choice with its default target delimiter, a space)."""
+def _check_questions(questions, style: str) -> None:
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {style!r}")
     if not isinstance(questions, (list, tuple)) or not questions:
         raise ValueError("questions must be a non-empty list of Question")
     for k, q in enumerate(questions):
         _check_question(k, q)
-    return [(mc_prompt(q), " " + choice) for q in questions for choice in q.choices]
+        if style == "letters" and len(q.choices) > len(LETTERS):
+            raise ValueError(
+                f"question {k} has {len(q.choices)} choices: at most {len(LETTERS)} can be lettered"
+            )
+
+
+def mc_prompt(question: Question, style: str = "cloze") -> str:
+    """The context every option of `question` is scored after (see STYLES).
+
+    >>> print(mc_prompt(Question("2 + 2?", ("4", "5"), 0), "letters"))
+    Question: 2 + 2?
+    A. 4
+    B. 5
+    Answer:
+    """
+    _check_questions([question], style)
+    if style == "cloze":
+        return f"Question: {question.question}\nAnswer:"
+    listed = "".join(f"{LETTERS[i]}. {c}\n" for i, c in enumerate(question.choices))
+    return f"Question: {question.question}\n{listed}Answer:"
+
+
+def mc_options(question: Question, style: str = "cloze") -> tuple[str, ...]:
+    """The texts the options are scored as: the choices (cloze) or "A", "B", ... (letters)."""
+    _check_questions([question], style)
+    return question.choices if style == "cloze" else tuple(LETTERS[: len(question.choices)])
+
+
+def mc_requests(questions: Sequence[Question], style: str = "cloze") -> list[tuple[str, str]]:
+    """(context, " " + option) for each option of each question, in order (lm_eval's
+    multiple_choice with its default target delimiter, a space)."""
+    _check_questions(questions, style)
+    return [(mc_prompt(q, style), " " + o) for q in questions for o in mc_options(q, style)]
 
 
 def mc_predictions(
-    questions: Sequence[Question], scores: Sequence[LogLikelihood], normalisation: str = "sum"
+    questions: Sequence[Question],
+    scores: Sequence[LogLikelihood],
+    normalisation: str = "sum",
+    style: str = "cloze",
 ) -> list[int]:
     """The option each question picks: the argmax of its options' (normalised) log-likelihoods.
 
-    `scores` are `loglikelihoods(..., mc_requests(questions))`, one per option in order. The
-    lengths that "chars" and "bytes" divide by are the option's text without the space in
-    front (as lm_eval's acc_norm and acc_bytes); ties go to the first option (numpy's argmax).
+    `scores` are `loglikelihoods(..., mc_requests(questions, style))`, one per option in
+    order. The lengths that "chars" and "bytes" divide by are the option's text without the
+    space in front (as lm_eval's acc_norm and acc_bytes); ties go to the first option (as
+    numpy's argmax does).
     """
+    _check_questions(questions, style)
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
     n_options = sum(len(q.choices) for q in questions)
@@ -323,24 +364,30 @@ def mc_predictions(
     predictions, k = [], 0
     for q in questions:
         values = []
-        for choice, s in zip(q.choices, scores[k : k + len(q.choices)], strict=True):
+        options = mc_options(q, style)
+        for option, s in zip(options, scores[k : k + len(options)], strict=True):
+            if not isinstance(s, LogLikelihood):
+                raise TypeError(f"scores must be LogLikelihood, got {type(s).__name__}")
             length = {
                 "sum": 1,
-                "chars": len(choice),
-                "bytes": len(choice.encode("utf-8")),
+                "chars": len(option),
+                "bytes": len(option.encode("utf-8")),
                 "tokens": s.n_tokens,
             }[normalisation]
             values.append(s.logprob / length)
         predictions.append(max(range(len(values)), key=values.__getitem__))  # first max
-        k += len(q.choices)
+        k += len(options)
     return predictions
 
 
 def mc_accuracy(
-    questions: Sequence[Question], scores: Sequence[LogLikelihood], normalisation: str = "sum"
+    questions: Sequence[Question],
+    scores: Sequence[LogLikelihood],
+    normalisation: str = "sum",
+    style: str = "cloze",
 ) -> float:
     """Fraction of questions whose picked option (`mc_predictions`) is the right one."""
-    predictions = mc_predictions(questions, scores, normalisation)
+    predictions = mc_predictions(questions, scores, normalisation, style)
     return sum(p == q.answer for p, q in zip(predictions, questions, strict=True)) / len(questions)
 
 
