@@ -481,3 +481,24 @@ def test_dpo_in_the_training_loop():
     assert fn.log["loss"][0] == pytest.approx(math.log(2), abs=1e-6)
     assert fn.log["margins"][-1] > 0.1 and fn.log["loss"][-1] < fn.log["loss"][0] - 0.05
     assert history.tokens[-1] == 8 * int((batch["labels"] != -100).sum())
+
+
+def test_preference_batches():
+    from tfbook.posttrain.dpo import PreferenceExample, collate_pairs, preference_batches
+
+    examples = [PreferenceExample([1, k + 2, 3], [0, 1, 1], [1, k + 2, 4], [0, 1, 1])
+                for k in range(5)]
+    refs_c, refs_r = [-float(k) for k in range(5)], [-10.0 - k for k in range(5)]
+    next_batch = preference_batches(examples, 3, 0, refs_c, refs_r)
+    batch = next_batch(torch.Generator().manual_seed(4))
+    pick = torch.randperm(5, generator=torch.Generator().manual_seed(4))[:3].tolist()
+    want = collate_pairs([examples[i] for i in pick], 0)
+    for key, value in want.items():
+        assert torch.equal(batch[key], value), key
+    assert batch["ref_chosen"].tolist() == [refs_c[i] for i in pick]
+    assert batch["ref_rejected"].tolist() == [refs_r[i] for i in pick]
+    assert "ref_chosen" not in preference_batches(examples, 2, 0)(torch.Generator())
+    with pytest.raises(ValueError, match="batch_pairs"):
+        preference_batches(examples, 6, 0)
+    with pytest.raises(ValueError, match="both be given"):
+        preference_batches(examples, 2, 0, refs_c, None)

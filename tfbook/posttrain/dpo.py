@@ -344,6 +344,35 @@ def collate_pairs(examples: Sequence[PreferenceExample], pad_id: int) -> dict[st
     return batch
 
 
+def preference_batches(examples: Sequence[PreferenceExample], batch_pairs: int, pad_id: int,
+                       ref_chosen: Sequence[float] | None = None,
+                       ref_rejected: Sequence[float] | None = None):
+    """next_batch(generator) for the training loop: `batch_pairs` pairs drawn without
+    replacement (the first of torch.randperm(len(examples), generator=generator)), collated.
+
+    With ref_chosen / ref_rejected (one float per example, precomputed once) the batch carries
+    the drawn pairs' reference log-probs as batch["ref_chosen"] / batch["ref_rejected"].
+    """
+    if not isinstance(batch_pairs, int) or isinstance(batch_pairs, bool) or not (
+            1 <= batch_pairs <= len(examples)):
+        raise ValueError(f"batch_pairs must be an int in [1, {len(examples)}] (the number of "
+                         f"examples), got {batch_pairs!r}")
+    if (ref_chosen is None) != (ref_rejected is None) or (
+            ref_chosen is not None and not len(ref_chosen) == len(ref_rejected) == len(examples)):
+        raise ValueError("ref_chosen and ref_rejected must both be given, one value per "
+                         "example, or both be None")
+
+    def next_batch(generator: torch.Generator) -> dict[str, Tensor]:
+        pick = torch.randperm(len(examples), generator=generator)[:batch_pairs].tolist()
+        batch = collate_pairs([examples[i] for i in pick], pad_id)
+        if ref_chosen is not None:
+            batch["ref_chosen"] = torch.tensor([float(ref_chosen[i]) for i in pick])
+            batch["ref_rejected"] = torch.tensor([float(ref_rejected[i]) for i in pick])
+        return batch
+
+    return next_batch
+
+
 @torch.no_grad()
 def reference_logps(model: nn.Module, batch: dict[str, Tensor], reference: nn.Module | None = None
                     ) -> tuple[Tensor, Tensor]:
