@@ -329,8 +329,18 @@ def test_equal_to_trl_dpo_trainer_with_lora_reference(tmp_path):
 # --- the book's preference set, its tokenisation, and DPO as the training loop's loss_fn ---
 
 
+def test_contains_answer():
+    from tfbook.posttrain.dpo import contains_answer
+
+    assert contains_answer("7 + 5 = 12.", "12") and not contains_answer("It is 112.", "12")
+    assert contains_answer("It is the sun.", "Sun") and not contains_answer("Sunday", "Sun")
+    assert contains_answer("Mexico City, I think", "Mexico City")
+    with pytest.raises(TypeError, match="must be str"):
+        contains_answer("12", 12)
+
+
 def test_preference_set():
-    from tfbook.posttrain.dpo import load_preferences
+    from tfbook.posttrain.dpo import contains_answer, load_preferences
 
     pairs = load_preferences()
     train, held = load_preferences("train"), load_preferences("held_out")
@@ -340,7 +350,9 @@ def test_preference_set():
     for split in (train, held):  # both kinds in both splits
         assert {p["kind"] for p in split} == {"wrong", "rambling"}
     for p in pairs:
-        assert p["chosen"] != p["rejected"]
+        assert p["chosen"] != p["rejected"] and contains_answer(p["chosen"], p["answer"])
+        # a wrong answer lacks the fact, a rambling one states it too
+        assert contains_answer(p["rejected"], p["answer"]) == (p["kind"] == "rambling")
         if p["kind"] == "rambling":  # the same answer, longer
             assert len(p["rejected"]) > 2 * len(p["chosen"])
     with pytest.raises(ValueError, match="split must be one of"):
@@ -356,6 +368,8 @@ def test_preference_set():
         ({"rejected": "Paris. "}, ValueError, "chosen and rejected are the same"),
         ({"chosen": 3}, TypeError, "chosen must be a str"),
         ({"split": "dev"}, ValueError, "split must be one of"),
+        ({"answer": "Lyon"}, ValueError, "answer must be a non-empty str"),
+        ({"answer": "Par"}, ValueError, "answer must be a non-empty str"),
     ],
 )
 def test_preference_set_refuses_bad_pairs(tmp_path, change, error, match):
@@ -364,7 +378,7 @@ def test_preference_set_refuses_bad_pairs(tmp_path, change, error, match):
     from tfbook.posttrain.dpo import load_preferences
 
     pair = {"prompt": "Capital of France?", "chosen": "Paris.", "rejected": "Lyon.",
-            "kind": "wrong", "split": "train"}
+            "answer": "Paris", "kind": "wrong", "split": "train"}
     path = tmp_path / "prefs.json"
     path.write_text(json.dumps({"pairs": [{**pair, **change}]}))
     with pytest.raises(error, match=match):

@@ -32,6 +32,7 @@ Shape legend: B batch (pairs), T sequence, V vocab.
 
 import json
 import math
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -265,14 +266,26 @@ def check_pair(prompt: object, chosen: object, rejected: object, where: str = "t
                          f"whatever the model learns)")
 
 
+def contains_answer(reply: str, answer: str) -> bool:
+    """True when `answer` occurs in `reply` as a whole word or phrase, ignoring case.
+
+    contains_answer("7 + 5 = 12.", "12") -> True; contains_answer("It is 112.", "12") -> False.
+    """
+    if not isinstance(reply, str) or not isinstance(answer, str):
+        raise TypeError(f"reply and answer must be str, got {type(reply).__name__} and "
+                        f"{type(answer).__name__}")
+    return re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", reply, re.IGNORECASE) is not None
+
+
 def load_preferences(split: str | None = None, path: str | Path = PREFERENCES_PATH
                      ) -> list[dict[str, str]]:
     """The book's preference set (tfbook/posttrain/data/preferences.json), checked.
 
-    Each pair is a dict with prompt, chosen, rejected, kind ("wrong": the rejected answer
-    states a wrong fact; "rambling": the same fact in filler) and split ("train" or
-    "held_out"). `split` keeps one split; None keeps both. Prompts are unique, so no held-out
-    prompt is ever trained on.
+    Each pair is a dict with prompt, chosen, rejected, answer (the word(s) a correct reply
+    contains, see `contains_answer`; the chosen answer must contain it), kind ("wrong": the
+    rejected answer states a wrong fact; "rambling": the same fact in filler) and split
+    ("train" or "held_out"). `split` keeps one split; None keeps both. Prompts are unique, so
+    no held-out prompt is ever trained on.
     """
     if split is not None and split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
@@ -287,6 +300,11 @@ def load_preferences(split: str | None = None, path: str | Path = PREFERENCES_PA
         check_pair(pair.get("prompt"), pair.get("chosen"), pair.get("rejected"), where)
         if pair.get("split") not in SPLITS:
             raise ValueError(f"{where}: split must be one of {SPLITS}, got {pair.get('split')!r}")
+        answer = pair.get("answer")
+        if not isinstance(answer, str) or not answer.strip() or not contains_answer(
+                pair["chosen"], answer):
+            raise ValueError(f"{where}: answer must be a non-empty str that the chosen answer "
+                             f"contains as a whole word, got {answer!r:.40}")
         if pair["prompt"] in seen:
             raise ValueError(f"{where}: the prompt {pair['prompt']!r:.60} appears twice")
         seen.add(pair["prompt"])
