@@ -1,4 +1,4 @@
-"""Evaluating a language model: pass@k, perplexity vs bits per byte, multiple choice by likelihood.
+"""Evaluating a language model: pass@k, multiple choice by log-likelihood, bits per byte.
 
 pass@k (Chen et al. 2021). Draw n samples for a problem, c of them correct. The chance that at
 least one of k samples drawn without replacement from those n is correct is
@@ -12,6 +12,16 @@ binomials is computed as a product so that nothing overflows:
     C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)
 
 e.g. pass_at_k(n=4, c=1, k=2) = 1 - C(3, 2) / C(4, 2) = 1 - 3/6 = 0.5.
+
+Log-likelihood of a continuation, as lm-evaluation-harness 0.4.13 computes it (`encode_pair`,
+`score_ids`, `loglikelihoods`): the context's trailing spaces move to the continuation, the
+whole text and the context are tokenized, and the continuation's tokens are scored after the
+context; returned with `is_greedy` (every token the argmax). Multiple choice (`mc_requests`,
+`mc_predictions`) picks the option with the largest summed log-likelihood, or divided by its
+length in characters (the harness's acc_norm), bytes (acc_bytes) or tokens. Equal to the
+harness's `HFLM` on SmolLM2 within a derived float32 bound (tests/test_posttrain_lm_eval.py).
+
+Perplexity is per token and depends on the tokenizer; bits per byte does not (`score_text`).
 """
 
 import json
