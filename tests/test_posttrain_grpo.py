@@ -238,3 +238,108 @@ def test_loss_bad_input():
         grpo_loss(logps.long(), old, adv, mask)
     with pytest.raises(ValueError, match="advantages must be finite"):
         grpo_loss(logps, old, torch.tensor([1.0, float("nan")]), mask)
+
+
+# --- the real GRPOTrainer on fixed rollouts: bf16=False equals ours, bf16=True moves the loss --
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(60)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>"
+    )
+
+
+def _tiny_llama(seed: int):
+    """A random HF Llama: V 63, C 32, 2 layers, 4 heads (2 KV heads), untied head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=63, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        initializer_range=0.3,
+    ))  # fmt: skip
+
+
+def _real_grpo_losses(tmp_path, model, inputs, bf16: bool, loss_type: str):
+    """GRPOTrainer(trl 1.16, CPU)._compute_loss on fixed rollouts, the model prepared by its
+    accelerator as training would (bf16=True wraps forward in bfloat16 autocast): the loss with
+    the given old log-probs, and on-policy (no old log-probs: TRL uses its own, detached)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / f"bf16_{bf16}"), per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=5, bf16=bf16, use_cpu=True, report_to=[],
+        save_strategy="no", max_steps=1, beta=0.0, epsilon_high=0.28, loss_type=loss_type,
+    )  # fmt: skip  (beta > 0 would load a reference model by name; the loss reads the
+    # reference's log-probs from the inputs, so beta is set on the trainer below)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["w1 w2 w3", "w4 w5 w6"]}),
+        processing_class=_word_tokenizer(),
+    )  # fmt: skip
+    trainer.beta = 0.04
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop
+    prepared = trainer.accelerator.prepare_model(trainer.model)
+    assert trainer.args.bf16 is bf16
+    on_policy = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
+    return trainer._compute_loss(prepared, inputs), trainer._compute_loss(prepared, on_policy)
+
+
+def test_real_trainer_bf16_false_equals_ours_and_bf16_true_moves_the_loss(tmp_path):
+    """Fixed rollouts (equal-length prompts, so no left padding), off-policy old log-probs and a
+    reference: TRL's per-token log-probs and loss with bf16=False equal tfbook's
+    (`completion_logps` on a tfbook GPT holding the same weights, then `grpo_loss`); TRL's CPU
+    default bf16=True runs the forward in bfloat16 autocast: on this model it moves the loss by
+    about 3e-3 with old log-probs from another policy, by about 3e-5 on-policy (TRL's default
+    num_iterations=1, every ratio 1: only the beta KL term moves; with beta=0 nothing would)."""
+    from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
+    from tfbook.posttrain.rollouts import completion_logps
+
+    loss_type = "grpo"  # the other normalisations: test_equals_trl_compute_loss
+    hf = _tiny_llama(0)
+    ours_model = tfbook_from_hf_llama(hf).eval()
+    B, P, N = 4, 3, 5
+    prompt_ids = torch.tensor([[3, 4, 5], [3, 4, 5], [6, 7, 8], [6, 7, 8]])
+    g = torch.Generator().manual_seed(3)
+    completion_ids = torch.randint(3, 63, (B, N), generator=g)
+    completion_mask = torch.ones(B, N, dtype=torch.long)
+    completion_mask[1, 3:] = 0
+    completion_mask[2, 2:] = 0
+    completion_ids[completion_mask == 0] = 0  # TRL pads completions with pad_token_id
+    with torch.no_grad():
+        logps = completion_logps(ours_model, torch.cat([prompt_ids, completion_ids], 1),
+                                 torch.full((B,), P), completion_ids)  # (B, N) float32
+    old = logps + 0.3 * torch.randn(B, N, generator=g)
+    ref = logps + 0.2 * torch.randn(B, N, generator=g)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=2)
+    inputs = {
+        "prompt_ids": prompt_ids, "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
+    }  # fmt: skip
+    ours = grpo_loss(logps, old, adv, completion_mask, epsilon_high=0.28, beta=0.04,
+                     ref_logps=ref, loss_type=loss_type, max_completion_length=N)
+    ours_on = grpo_loss(logps, logps, adv, completion_mask, epsilon_high=0.28, beta=0.04,
+                        ref_logps=ref, loss_type=loss_type, max_completion_length=N)
+    fp32, fp32_on = _real_grpo_losses(tmp_path, hf, inputs, bf16=False, loss_type=loss_type)
+    torch.testing.assert_close(fp32.detach(), ours, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fp32_on.detach(), ours_on, rtol=1e-5, atol=1e-6)
+    bf16, bf16_on = _real_grpo_losses(tmp_path, _tiny_llama(0), inputs, bf16=True,
+                                      loss_type=loss_type)
+    moved, moved_on = abs(float(bf16) - float(ours)), abs(float(bf16_on) - float(ours_on))
+    print(f"{loss_type}: bf16=True moves the loss by {moved:.1e} off-policy (old log-probs "
+          f"given), by {moved_on:.1e} on-policy (ratio 1: only the KL term moves)")
+    # bfloat16 keeps 8 bits of mantissa: the log-probs move by about 1e-2 here, the loss far
+    # more than float32's rounding (1e-7); on-policy every ratio is exactly 1 in both, so only
+    # beta * KL moves (beta = 0.04): a much smaller shift
+    assert 1e-4 < moved < 2e-2
+    assert 1e-7 < moved_on < moved / 5

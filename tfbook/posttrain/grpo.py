@@ -32,8 +32,10 @@ The per-token losses over the completion mask m are reduced in one of three ways
 
 These equal `GRPOTrainer._compute_loss` (trl 1.16, importance_sampling_level="token",
 no entropy mask, no vLLM correction) on the same per-token log-probs, tested in float32.
-TRL's CPU default `bf16=True` runs the model in bfloat16 and moves the loss by about 5e-5;
-the comparison uses `bf16=False` semantics (float32 throughout).
+TRL's CPU default `bf16=True` runs the model's forward in bfloat16 autocast, which rounds the
+log-probs: on-policy (every ratio 1) only the beta KL term moves, by a few 1e-5 on a tiny
+Llama; with old log-probs from an earlier policy the clipped term moves too (a few 1e-3 there).
+The comparison uses `bf16=False` semantics (float32 throughout).
 Shape legend: B batch (completions), T completion tokens, G group size.
 """
 
