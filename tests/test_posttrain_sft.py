@@ -294,3 +294,36 @@ def test_greedy_replies_are_generate_one_prompt_at_a_time(tok):
         greedy_replies(model, tok, [[_m("user", "Hi")]], 0)
     with pytest.raises(ValueError, match="non-empty list"):
         greedy_replies(model, tok, [], 3)
+
+
+def test_stored_sft_run_fits_the_instruction_set_and_the_script():
+    """book/posttrain/data/sft (scripts/posttrain_sft.py): the adapter's JSON is valid, the
+    history has one entry a step, and the held-out prompts and checks are those of the
+    instruction set and follows_format (rerun the script after editing either)."""
+    import importlib.util
+
+    from tfbook.paths import BOOK_ROOT, book_file
+    from tfbook.posttrain.adapters import read_adapter_config
+
+    spec = importlib.util.spec_from_file_location(
+        "posttrain_sft", BOOK_ROOT.parent / "scripts" / "posttrain_sft.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    stored = json.loads(book_file("posttrain/data/sft/history.json").read_text())
+    config = read_adapter_config(book_file("posttrain/data/sft/adapter"))
+    lora = stored["settings"]["lora"]
+    assert lora == script.LORA and stored["settings"]["train"] == script.TRAIN
+    assert (config["targets"], config["r"], config["alpha"]) == (
+        sorted(lora["targets"]), lora["r"], lora["alpha"])
+    steps = script.TRAIN["steps"]
+    history = stored["history"]
+    assert history["step"] == list(range(steps)) and len(history["loss"]) == steps
+    assert history["eval_step"][0] == -1 and history["eval_step"][-1] == steps - 1
+    data = load_instructions()
+    check = stored["check"]
+    assert check["prompts"] == [c["messages"][:-1] for c in data["test"]]
+    assert check["expected"] == [c["messages"][-1]["content"] for c in data["test"]]
+    assert check["before_ok"] == [follows_format(r) for r in check["before"]]
+    assert check["after_ok"] == [follows_format(r) for r in check["after"]]
+    assert stored["settings"]["train_conversations"] == len(data["train"])
+    assert {"cpu", "threads", "load_average_1min", "cpu_seconds"} <= stored["machine"].keys()
