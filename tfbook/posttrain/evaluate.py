@@ -302,7 +302,8 @@ def _check_question(k: int, q) -> None:
 #   "cloze":   "Question: ...\nAnswer:" and each option's own text as the continuation
 #              (lm_eval's ARC and HellaSwag style): options of different lengths compete
 #   "letters": the options listed as "A. ...", "B. ..." after the question, then "Answer:",
-#              and the continuations " A", " B", ... (MMLU's layout in lm_eval): one token each
+#              and the continuations " A", " B", ... (lm_eval's layout for MMLU, here with the
+#              cloze layout's "Question: " opening): one token each
 STYLES = ("cloze", "letters")
 LETTERS = "ABCDEFGHIJ"
 
