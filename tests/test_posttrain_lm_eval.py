@@ -39,7 +39,7 @@ FREE_REQUESTS = [
     ("", "Water boils at one hundred degrees."),
     ("One, two, three, four", ", five"),
 ]
-N_QUESTIONS = 5  # the first questions of the book's set, 4 options each
+N_QUESTIONS = 4  # the first questions of the book's set, 4 options each
 
 
 @pytest.fixture(scope="module")
