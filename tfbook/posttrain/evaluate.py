@@ -27,8 +27,8 @@ Perplexity is per token and depends on the tokenizer; bits per byte does not (`s
 import json
 import math
 from collections.abc import Sequence
+from importlib.resources import files
 from numbers import Integral
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -265,6 +265,7 @@ def loglikelihoods(
 #   "bytes": divided by the option's length in UTF-8 bytes         (lm_eval's acc_bytes)
 #   "tokens": divided by the option's number of tokens (a per-token mean; not in lm_eval)
 NORMALISATIONS = ("sum", "chars", "bytes", "tokens")
+MC_QUESTIONS = "mc_questions.json"  # in tfbook/posttrain/data/, shipped with the package
 
 
 class Question(NamedTuple):
@@ -278,7 +279,7 @@ class Question(NamedTuple):
 
 def load_mc_questions() -> list[Question]:
     """The book's own multiple-choice set (tfbook/posttrain/data/mc_questions.json)."""
-    data = json.loads((Path(__file__).parent / "data" / "mc_questions.json").read_text("utf-8"))
+    data = json.loads(files("tfbook.posttrain").joinpath("data", MC_QUESTIONS).read_text("utf-8"))
     return [
         Question(q["question"], tuple(q["choices"]), q["answer"], q.get("topic", ""))
         for q in data["questions"]
