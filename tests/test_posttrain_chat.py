@@ -197,3 +197,24 @@ def test_bad_arguments(tok, fast):
         render_chat(DIALOGUE, add_generation_prompt="yes")
     with pytest.raises(TypeError, match="True or False"):
         chat_ids(tok, DIALOGUE, add_generation_prompt=1)
+
+
+def test_the_instruction_set_trains_on_the_prompts_it_is_asked_with(tok):
+    """For every conversation of the book's instruction set, the prompt each assistant turn
+    answers (the turns before it + the generation prompt) is a prefix of the training ids, and
+    the mask covers exactly the assistant's texts and their <|im_end|>."""
+    from tfbook.posttrain.sft import load_instructions
+
+    data = load_instructions()
+    end = tok.token_to_id("<|im_end|>")
+    for conversation in data["train"] + data["test"]:
+        messages = conversation["messages"]
+        ids, mask = chat_ids(tok, messages), assistant_mask(tok, messages)
+        answers = [m["content"] for m in messages if m["role"] == "assistant"]
+        for k, m in enumerate(messages):
+            if m["role"] == "assistant":
+                asked = chat_ids(tok, messages[:k], add_generation_prompt=True)
+                assert ids[: len(asked)] == asked and mask[len(asked)] == 1
+        graded = [i for i, flag in zip(ids, mask, strict=True) if flag]
+        assert tok.decode(graded) == "".join(a + "<|im_end|>" for a in answers)
+        assert graded.count(end) == len(answers)
