@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.test_posttrain_dpo import _tiny_llama, _word_tokenizer
 from tfbook.posttrain.grpo import group_advantages, grpo_loss
 
 
@@ -241,31 +242,6 @@ def test_loss_bad_input():
 
 
 # --- the real GRPOTrainer on fixed rollouts: bf16=False equals ours, bf16=True moves the loss --
-
-
-def _word_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(60)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", bos_token="<s>"
-    )
-
-
-def _tiny_llama(seed: int):
-    """A random HF Llama: V 63, C 32, 2 layers, 4 heads (2 KV heads), untied head."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=63, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        initializer_range=0.3,
-    ))  # fmt: skip
 
 
 def _real_grpo_losses(tmp_path, model, inputs, bf16: bool, loss_type: str):
