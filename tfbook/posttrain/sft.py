@@ -24,12 +24,16 @@ two give the same pairs (position, target), tested against TRL's SFTTrainer.)
   may attend to the earlier conversations of its row) and positions run on through the row;
   the labels stay each example's own (an example's last position is IGNORE_INDEX, so no
   position is graded on the next conversation's first token). The loss therefore differs
-  slightly from padding's; resetting would need a block-diagonal mask and positions restarted
-  at 0 per example (what TRL's padding-free packing does with `position_ids`).
+  from padding's, and not by little: a later conversation reads the earlier ones (the chat
+  chapter measures one conversation's loss falling by more than half). Resetting needs a
+  block-diagonal mask and positions restarted at 0 per example: TRL's default packing
+  restarts `position_ids` per conversation and hands the boundaries to a variable-length
+  (FlashAttention) kernel.
 - `sft_loss`: the mean of -log p over every assistant token of the batch (a per-token mean
   over the batch, as TRL's SFTTrainer computes on one device). A batch with no assistant
-  token has nothing to average: `sft_loss` raises a ValueError (TRL instead returns 0 by
-  clamping the count to 1; plain cross-entropy would give 0 / 0 = NaN).
+  token has nothing to average: `sft_loss` raises a ValueError (plain cross-entropy would
+  give 0 / 0 = NaN; TRL 1.16's own per-token loss path divides by the count clamped to 1,
+  which gives 0).
 - `batch_sampler`: the `next_batch` of the book's training loop over a list of examples.
 - `load_instructions` / `follows_format`: the book's instruction set (every reply one line
   starting "Answer: ") and the check of a generated reply against it.
@@ -127,7 +131,7 @@ def pack(examples: list[SFTExample], max_len: int) -> list[SFTExample]:
 
     A new row starts when the next example would not fit. Attention is not reset between the
     examples of a row, and positions run on (see the module's docstring); each label stays the
-    example's own. Feed the rows to `collate` (only the last rows may need padding). An
+    example's own. Feed the rows to `collate` (a row shorter than the batch's longest is padded). An
     example longer than max_len is refused: truncate it with `sft_example(..., max_len)`.
     """
     _check_examples(examples)
@@ -197,7 +201,7 @@ def batch_sampler(examples: list[SFTExample], batch_size: int, pad_id: int
 
 # The book's instruction set (tfbook/posttrain/data/instructions.json): every assistant reply
 # is one short line that starts with "Answer: ". SmolLM2-135M-Instruct does not answer so
-# (it writes full sentences, often several lines), so the effect of SFT can be measured.
+# (it writes full sentences, some over several lines), so the effect of SFT can be measured.
 INSTRUCTIONS = "instructions.json"
 
 
