@@ -61,6 +61,7 @@ def evaluate(model, tokenizer, problems, s) -> dict:
         rewards += ro.rewards[::s["eval_n"]].tolist()
     return {"counts": counts,
             "pass_at_k": {str(k): mean_pass_at_k(s["eval_n"], counts, k) for k in s["eval_k"]},
+            # tokens of a completion, its closing <|im_end|> counted when it was written
             "completion_length": float(torch.cat(lengths).mean()),
             "examples": [{"problem": f"{p.a} + {p.b}", "completion": t, "reward": r}
                          for p, t, r in zip(problems, texts, rewards, strict=True)]}

@@ -193,6 +193,8 @@ def test_grpo_on_the_training_loop(tokenizer):
         loss_fn(model, batches.batch, 0.1)
     with pytest.raises(ValueError, match="loss_type must be one of"):
         GRPOLossFn(loss_type="ppo")
+    with pytest.raises(ValueError, match="max_completion_length"):  # Dr. GRPO's constant
+        GRPOLossFn(loss_type="dr_grpo")(model, batches.batch)
 
 
 def test_first_step_loss_is_the_on_policy_loss(tokenizer):

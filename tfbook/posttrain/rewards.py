@@ -10,9 +10,11 @@ GRPO needs a reward that a program computes, not a learned reward model. The boo
 Every pair (a, b) with 0 <= a, b <= max_operand is a problem; a seeded shuffle puts `held_out`
 of them aside for evaluation, so no held-out problem is ever trained on.
 
-`checked_rewards` wraps any reward function (TRL's shape: one float per completion): a result
-of the wrong length, a non-number (None, a string, a bool), NaN or infinity is a tfbook error
-naming the function and the completion, never a NaN advantage three steps later.
+`checked_rewards` wraps any reward function (one float per completion): a result of the wrong
+length, a non-number (None, a string, a bool), NaN or infinity is a tfbook error naming the
+function and the completion, never a NaN advantage three steps later. (TRL also accepts None,
+"this reward does not apply", and gives an unscored completion advantage 0; here every
+completion is scored, so None is refused: an unparseable answer must earn the wrong answer's 0.)
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ One GRPO iteration, as the book runs it on its one training loop (tfbook.train.l
 
 Each step records the mean reward, the fraction of groups whose rewards are all equal (zero
 advantage: no signal), the KL to the reference (k3, mean per completion token), the mean
-completion length and the fraction of completion tokens the clip switched off.
+completion length (in tokens, the closing <|im_end|> counted when it was written) and the
+fraction of completion tokens the clip switched off.
 Shape legend: P problems, G group size, B = P G completions, T prompt + completion, N new
 tokens (the longest completion), V vocab.
 """
@@ -237,7 +238,12 @@ class GRPOLossFn:
             ro.old_logps = logps.detach()
         if self.beta and ro.ref_logps is None:
             raise ValueError("beta > 0 needs the rollout's ref_logps (RolloutBatches(beta=...))")
-        max_len = self.max_completion_length or logps.size(1)
+        max_len = self.max_completion_length
+        if self.loss_type == "dr_grpo" and max_len is None:
+            raise ValueError("loss_type='dr_grpo' divides by a constant, the completion length "
+                             "cap: give GRPOLossFn(max_completion_length=...) (the longest "
+                             "completion of a batch changes from batch to batch)")
+        max_len = max_len or logps.size(1)
         loss = grpo_loss(logps, ro.old_logps, ro.advantages, ro.completion_mask,
                          self.epsilon_low, self.epsilon_high, self.beta, ro.ref_logps,
                          self.loss_type, max_len)
