@@ -12,6 +12,7 @@ the adapter-disabled model as reference (LoRA). Bad input gives tfbook's own err
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from types import SimpleNamespace
@@ -320,7 +321,7 @@ def test_equal_to_trl_dpo_trainer_with_lora_reference(tmp_path):
             return sequence_logps(ours, ids, mask)
 
     _check_first_batch(trainer, lambda ids, mask: sequence_logps(ours, ids, mask), reference_logps)
-    assert all(layer.scaling == 2.0 for layer in lora_layers(ours).values())  # restored
+    assert all(layer.enabled and layer.scaling == 2.0 for layer in lora_layers(ours).values())
     with pytest.raises(ValueError, match="needs a model with LoRA layers"):
         with adapters_disabled(_tiny_gpt()):
             pass
@@ -516,3 +517,23 @@ def test_preference_batches():
         preference_batches(examples, 6, 0)
     with pytest.raises(ValueError, match="both be given"):
         preference_batches(examples, 2, 0, refs_c, None)
+
+
+def test_adapters_disabled_is_the_base_model_even_with_a_broken_adapter():
+    """Switched off, a LoRA layer computes its base alone: a NaN in an adapter (a diverged
+    run) cannot reach the reference log-probs through 0 * NaN; on exit the adapters are on."""
+    torch.manual_seed(0)
+    base = _tiny_gpt()
+    policy = add_lora(copy.deepcopy(base), r=2, alpha=4)
+    ids = torch.randint(0, 32, (2, 6))
+    with torch.no_grad():
+        for layer in lora_layers(policy).values():
+            layer.lora_B.fill_(float("nan"))
+        want = base(ids).logits
+        assert torch.isnan(policy(ids).logits).all()
+        with adapters_disabled(policy):
+            assert torch.equal(policy(ids).logits, want)
+        assert torch.isnan(policy(ids).logits).all()
+        with pytest.raises(RuntimeError, match="boom"), adapters_disabled(policy):
+            raise RuntimeError("boom")
+    assert all(layer.enabled for layer in lora_layers(policy).values())

@@ -85,6 +85,9 @@ class LoRALinear(nn.Module):
         # update zero, so the model is unchanged until the first step
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        # False: the layer computes its frozen base alone (the reference model of DPO and
+        # GRPO is the policy with every adapter off; tfbook.posttrain.dpo.adapters_disabled)
+        self.enabled = True
 
     @property
     def in_features(self) -> int:
@@ -113,6 +116,8 @@ class LoRALinear(nn.Module):
         # the base output first, as peft computes it: backward then sums the gradients of x
         # in the same order, so the two libraries give bit-equal gradients (tested)
         frozen = self.base(x)  # (..., C_out), the base model's output
+        if not self.enabled:
+            return frozen
         down = F.linear(self.dropout(x), self.lora_A)  # (..., r): into the small space
         return frozen + F.linear(down, self.lora_B) * self.scaling  # (..., C_out)
 

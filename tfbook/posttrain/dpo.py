@@ -233,8 +233,9 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
 
     With LoRA the reference model need not be a second copy: the policy with its adapters
     switched off is the base model it started from (what TRL does with a peft model and no
-    ref_model). The scalings are restored on exit, even after an error. A model without LoRA
-    layers raises ValueError: its "reference" would be the policy itself and every reward 0.
+    ref_model). The adapters are switched back on on exit, even after an error. A model
+    without LoRA layers raises ValueError: its "reference" would be the policy itself and
+    every reward 0.
     """
     layers = lora_layers(model) if isinstance(model, nn.Module) else {}
     if not layers:
@@ -242,14 +243,16 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             f"adapters_disabled needs a model with LoRA layers (tfbook.lora.add_lora), "
             f"got {type(model).__name__} without any"
         )
-    saved = {name: layer.scaling for name, layer in layers.items()}
+    saved = {name: layer.enabled for name, layer in layers.items()}
     try:
         for layer in layers.values():
-            layer.scaling = 0.0  # frozen + 0 * (B A x): the base layer's output exactly
+            # the base layer alone, not frozen + 0 * (B A x): a NaN or inf in an adapter
+            # cannot leak into the reference (0 * NaN is NaN)
+            layer.enabled = False
         yield model
     finally:
         for name, layer in layers.items():
-            layer.scaling = saved[name]
+            layer.enabled = saved[name]
 
 
 def check_pair(prompt: object, chosen: object, rejected: object, where: str = "the pair") -> None:
