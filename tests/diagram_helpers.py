@@ -25,3 +25,21 @@ def numbers(label: str) -> tuple[int, ...]:
     match = re.search(r"\(([^)]*)\) = \(([^)]*)\)", label)  # maybe among words
     assert match, label
     return tuple(int(s) for s in match.group(2).rstrip(",").split(", "))
+
+
+def measure_in_chromium(browser, directory, page_name: str, drawn: dict, width: int,
+                        script: str) -> list[dict]:
+    """Each figure of `drawn` ({name: Diagram}) on one page with the book's CSS, opened in
+    Chromium at `width` px; `script` (a JS function of the figure's box) measures each."""
+    from tests.browser import serve
+    from tests.diagram_gallery import page
+
+    (directory / "index.html").write_text(page([(page_name, n, d) for n, d in drawn.items()]))
+    with serve(directory) as site:
+        tab = browser.new_page(viewport={"width": width, "height": 900})
+        tab.goto(site + "/index.html")
+        boxes = tab.locator(".tfbook-diagram")
+        measured = [boxes.nth(i).evaluate(script) for i in range(boxes.count())]
+        tab.close()
+    assert len(measured) == len(drawn)
+    return measured

@@ -415,18 +415,8 @@ def test_no_text_overlaps_and_no_line_crosses_text_in_chromium(browser, drawn, t
     """The figures in the book's column (672 px at 1,280 px, 358 px on a phone): nothing
     scrolls sideways, every text is at least the book's 12 px, no two texts overlap (the
     number of a mark lies on its disc only) and no line runs through a text."""
-    from tests.browser import serve
-    from tests.diagram_gallery import page
-
-    (tmp_path / "index.html").write_text(page([("inside_the_model", n, d)
-                                               for n, d in drawn.items()]))
-    with serve(tmp_path) as site:
-        tab = browser.new_page(viewport={"width": width, "height": 900})
-        tab.goto(site + "/index.html")
-        boxes = tab.locator(".tfbook-diagram")
-        measured = [boxes.nth(i).evaluate(TEXTS_JS) for i in range(boxes.count())]
-        tab.close()
-    assert len(measured) == len(drawn)
+    measured = helpers.measure_in_chromium(browser, tmp_path, "inside_the_model", drawn, width,
+                                           TEXTS_JS)
     for name, m in zip(drawn, measured, strict=True):
         assert m["scroll"] <= m["client"] + 1, (name, width, m["scroll"], m["client"])
         texts = m["texts"]

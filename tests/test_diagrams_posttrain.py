@@ -389,18 +389,10 @@ def test_no_text_overlaps_and_no_line_crosses_text_in_chromium(browser, drawn, t
     """The figures in the book's column (672 px at 1,280 px, 358 px on a phone): nothing
     scrolls sideways, every text is at least the book's 12 px, no two texts overlap and no
     line runs through a text (the measuring script and the tests are the inspect figures')."""
-    from tests.browser import serve
-    from tests.diagram_gallery import page
+    from tests.diagram_helpers import measure_in_chromium
     from tests.test_diagrams_inspect import TEXTS_JS, crosses
 
-    (tmp_path / "index.html").write_text(page([("posttrain", n, d) for n, d in drawn.items()]))
-    with serve(tmp_path) as site:
-        tab = browser.new_page(viewport={"width": width, "height": 900})
-        tab.goto(site + "/index.html")
-        found = tab.locator(".tfbook-diagram")
-        measured = [found.nth(i).evaluate(TEXTS_JS) for i in range(found.count())]
-        tab.close()
-    assert len(measured) == len(drawn)
+    measured = measure_in_chromium(browser, tmp_path, "posttrain", drawn, width, TEXTS_JS)
     for name, m in zip(drawn, measured, strict=True):
         assert m["scroll"] <= m["client"] + 1, (name, width, m["scroll"], m["client"])
         texts = [t for t in m["texts"] if not t.get("disc")]
