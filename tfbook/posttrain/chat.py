@@ -60,6 +60,11 @@ SMOLLM2_TRAINING_TEMPLATE = (
 )
 
 
+def _a(word: str) -> str:
+    """'a user', 'an assistant'."""
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def check_conversation(messages: list[dict[str, str]]) -> None:
     """Refuse a conversation the template should not render, with a message saying why.
 
@@ -84,7 +89,7 @@ def check_conversation(messages: list[dict[str, str]]) -> None:
     for k in range(first, len(roles)):
         expected = "user" if (k - first) % 2 == 0 else "assistant"
         if roles[k] != expected:
-            raise ValueError(f"message {k} is a {roles[k]} turn where a {expected} turn was "
+            raise ValueError(f"message {k} is {_a(roles[k])} turn where {_a(expected)} turn was "
                              f"expected: after an optional system turn, user and assistant "
                              f"turns must alternate, starting with the user (roles given: "
                              f"{roles})")
