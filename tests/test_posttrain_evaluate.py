@@ -4,7 +4,9 @@ import itertools
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
+import torch
 
 from tfbook.posttrain.evaluate import mean_pass_at_k, naive_pass_at_k, pass_at_k
 
@@ -53,6 +55,8 @@ def test_pass_at_1_is_the_fraction_correct():
 def test_mean_pass_at_k():
     assert mean_pass_at_k(4, [0, 1, 4], 2) == pytest.approx((0 + 0.5 + 1) / 3)
     assert mean_pass_at_k([4, 2], [1, 1], 2) == pytest.approx((0.5 + 1) / 2)
+    # counts as a sampler returns them: a NumPy array or a tensor
+    assert mean_pass_at_k(np.array([4, 2]), torch.tensor([1, 1]), 2) == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +84,8 @@ def test_mean_pass_at_k_bad_input():
         mean_pass_at_k(4, [], 2)
     with pytest.raises(TypeError, match="c must be a list"):
         mean_pass_at_k(4, 2, 2)
+    with pytest.raises(TypeError, match="c must be a list"):
+        mean_pass_at_k(4, np.array([[1, 2]]), 2)
     with pytest.raises(TypeError, match="n must be an int or a list"):
         mean_pass_at_k(4.0, [1], 2)
     with pytest.raises(ValueError, match="one entry per problem"):
@@ -92,7 +98,6 @@ def test_mean_pass_at_k_bad_input():
 
 import dataclasses  # noqa: E402
 
-import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from tfbook.checkpoints.smollm2 import load_smollm2_tokenizer  # noqa: E402

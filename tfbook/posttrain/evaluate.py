@@ -73,19 +73,25 @@ def naive_pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - (1.0 - c / n) ** k
 
 
+def _per_problem(name: str, x: object, expected: str = "a list") -> list:
+    """A list, tuple, 1-D NumPy array or 1-D tensor of counts -> a list (else TypeError)."""
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    if hasattr(x, "tolist") and getattr(x, "ndim", None) == 1:  # numpy array, torch tensor
+        return x.tolist()
+    raise TypeError(f"{name} must be {expected} (or 1-D array) of per-problem counts, "
+                    f"got {type(x).__name__}")
+
+
 def mean_pass_at_k(n, c, k: int) -> float:
     """pass@k averaged over problems: n and c are per-problem counts (an int n is shared)."""
-    if not isinstance(c, (list, tuple)):
-        raise TypeError(f"c must be a list of per-problem correct counts, got {type(c).__name__}")
-    cs = list(c)
+    cs = _per_problem("c", c)
     if not cs:
         raise ValueError("c is empty: pass@k needs at least one problem")
     if isinstance(n, Integral) and not isinstance(n, bool):
         ns = [n] * len(cs)
-    elif isinstance(n, (list, tuple)):
-        ns = list(n)
     else:
-        raise TypeError(f"n must be an int or a list of per-problem counts, got {type(n).__name__}")
+        ns = _per_problem("n", n, "an int or a list")
     if len(ns) != len(cs):
         raise ValueError(f"n and c must have one entry per problem, got {len(ns)} and {len(cs)}")
     return sum(pass_at_k(ni, ci, k) for ni, ci in zip(ns, cs, strict=True)) / len(cs)
