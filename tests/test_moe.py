@@ -1,0 +1,206 @@
+"""Mixture of experts: equal to Hugging Face's Mixtral sparse MoE block and its auxiliary loss."""
+
+import pytest
+import torch
+
+from tests.pinned_threads import THREAD_COUNTS, pinned_threads
+from tfbook.feedforward import SwiGLU
+from tfbook.moe import MoEFeedForward, load_balancing_loss, route
+
+C, F, E, K = 16, 24, 4, 2
+U = torch.finfo(torch.float32).eps / 2  # unit roundoff of float32
+
+
+def mixtral_block(ours: MoEFeedForward):
+    """HF's MixtralSparseMoeBlock (transformers 5.23) with our weights copied across."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    cfg = MixtralConfig(hidden_size=C, intermediate_size=F, num_local_experts=E,
+                        num_experts_per_tok=K, num_attention_heads=2, num_key_value_heads=2,
+                        hidden_act="silu")
+    cfg._experts_implementation = "eager"  # the reference loop in modeling_mixtral.py
+    ref = MixtralSparseMoeBlock(cfg).eval()
+    with torch.no_grad():
+        ref.gate.weight.copy_(ours.router.weight)  # (E, C)
+        for e, ex in enumerate(ours.experts):  # gate_up_proj[e] = [W_gate; W_1] (2F, C)
+            ref.experts.gate_up_proj[e].copy_(torch.cat([ex.fc_gate.weight, ex.fc_in.weight]))
+            ref.experts.down_proj[e].copy_(ex.fc_out.weight)  # (C, F)
+    return ref
+
+
+def output_bound(moe: MoEFeedForward, x: torch.Tensor, weights, idx) -> torch.Tensor:
+    """Entrywise first-order bound on |ours - HF|: twice each side's float32 rounding error.
+
+    Per chosen expert: gate and value are dot products of length C (gamma_C |x||W|), SiLU
+    (slope at most 1.1) adds a few roundings, the product one, the down projection a dot
+    product of length F; the k weights carry (E + 4) u relative error, the sum k roundings.
+    """
+    xd = x.detach().double().reshape(-1, C)
+    err = torch.zeros_like(xd)
+    for j in range(idx.size(1)):
+        for e in range(E):
+            rows = idx[:, j] == e
+            if not rows.any():
+                continue
+            ex, xe = moe.experts[e], xd[rows]
+            Wg, W1, Wo = (m.weight.detach().double() for m in (ex.fc_gate, ex.fc_in, ex.fc_out))
+            g, v = xe @ Wg.T, xe @ W1.T
+            err_g = C * U * (xe.abs() @ Wg.abs().T)
+            err_v = C * U * (xe.abs() @ W1.abs().T)
+            s = g * torch.sigmoid(g)
+            err_s = 1.1 * err_g + 4 * U * s.abs()
+            h = s * v
+            err_h = s.abs() * err_v + v.abs() * err_s + U * h.abs()
+            o = h @ Wo.T
+            err_o = F * U * (h.abs() @ Wo.abs().T) + err_h @ Wo.abs().T
+            w = weights[rows, j].double()[:, None]
+            err[rows] += w * err_o + (E + 4 + K) * U * w * o.abs()
+    return 2 * err.reshape(x.shape)
+
+
+@THREAD_COUNTS
+def test_equals_mixtral_sparse_moe_block(n_threads):
+    torch.manual_seed(0)
+    ours = MoEFeedForward(C, F, E, K, fused=True)
+    ref = mixtral_block(ours)
+    x = torch.randn(3, 7, C)
+    with pinned_threads(n_threads), torch.no_grad():
+        y, logits = ours(x, return_router_logits=True)
+        ref_logits, ref_w, ref_idx = ref.gate(x.reshape(-1, C))
+        y_ref = ref(x)
+    assert torch.equal(logits, ref_logits)  # the same F.linear: bit for bit
+    w, idx = route(logits, K)
+    assert torch.equal(idx, ref_idx) and torch.equal(w, ref_w)  # same softmax, topk, division
+    bound = output_bound(ours, x, w, idx)
+    assert ((y - y_ref).double().abs() <= bound).all()
+    assert bound.max() < 1e-4 * y_ref.abs().max()  # the bound is tight enough to mean something
+    assert ours.router_logits is logits
+    counts = torch.bincount(ref_idx.reshape(-1), minlength=E)
+    assert torch.equal(ours.tokens_per_expert, counts) and counts.sum() == 3 * 7 * K
+
+
+def test_unfused_silu_is_within_the_same_bound():
+    torch.manual_seed(1)
+    ours = MoEFeedForward(C, F, E, K)  # the book's x * sigmoid(x), not torch's F.silu
+    x = torch.randn(2, 9, C)
+    with torch.no_grad():
+        y, y_ref = ours(x), mixtral_block(ours)(x)
+        w, idx = route(ours.router_logits, K)
+    assert ((y - y_ref).double().abs() <= output_bound(ours, x, w, idx)).all()
+
+
+def hf_loss(logits, mask=None):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+    return load_balancing_loss_func(tuple(logits), E, K, mask)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+def test_load_balancing_loss_equals_hugging_face(masked):
+    g = torch.Generator().manual_seed(2)
+    B, T, L = 3, 5, 2
+    layers = [torch.randn(B * T, E, generator=g) * 2 for _ in range(L)]
+    mask = None
+    if masked:
+        mask = torch.ones(B, T, dtype=torch.long)
+        mask[0, :2] = 0  # left padding
+        mask[2, 3:] = 0  # right padding
+    ours, ref = load_balancing_loss(layers, E, K, mask), hf_loss(layers, mask)
+    n = L * B * T
+    # counts are exact; P_e sums n probabilities, each within (E + 4) u: relative (n + E + 6) u
+    assert abs(ours - ref) <= 2 * (n + E + 6) * U * ref
+    one_layer = load_balancing_loss(layers[0], E, K, mask)
+    assert abs(one_layer - hf_loss(layers[:1], mask)) <= 2 * (n + E + 6) * U * one_layer
+    if masked:  # the padding really is left out
+        assert abs(ours - hf_loss(layers, None)) > 1e-4
+
+
+def test_load_balancing_loss_extremes():
+    uniform = torch.zeros(8, E)  # every expert equally likely; ties chosen by topk
+    assert abs(load_balancing_loss(uniform, E, E) - E) <= 4 * E * U * E  # f_e = 1, P_e = 1/E
+    collapsed = torch.zeros(8, E)
+    collapsed[:, 0] = 100.0  # all to expert 0: f_0 = 1, P_0 = 1
+    assert abs(load_balancing_loss(collapsed, E, 1) - E) <= 8 * E * U
+
+
+def test_all_experts_is_the_dense_weighted_sum():
+    torch.manual_seed(3)
+    moe = MoEFeedForward(C, F, E, E)
+    x = torch.randn(2, 6, C)
+    with torch.no_grad():
+        y = moe(x)
+        p = torch.softmax(moe.router(x), dim=-1)  # (B, T, E)
+        outs = torch.stack([ex(x) for ex in moe.experts], dim=-2)  # (B, T, E, C)
+        dense = (p[..., None] * outs).sum(-2)  # (B, T, C)
+    # the same expert outputs; weights within (E + 4) u relative, sums of E terms
+    terms = (p[..., None] * outs).abs().sum(-2).double()
+    assert ((y - dense).double().abs() <= 2 * (2 * E + 6) * U * terms).all()
+    assert torch.equal(moe.tokens_per_expert, torch.full((E,), 12))
+
+
+def test_selected_softmax_is_renormalised_softmax():
+    logits = torch.randn(50, 8, generator=torch.Generator().manual_seed(4)) * 3
+    w_all, i_all = route(logits, 3, "renormalised")
+    w_sel, i_sel = route(logits, 3, "selected")
+    assert torch.equal(i_all, i_sel)
+    assert ((w_all - w_sel).abs() <= 32 * U * w_all).all()
+    w_un, _ = route(logits, 3, "unnormalised")
+    assert (w_un.sum(-1) < 1).all() and torch.allclose(w_un / w_un.sum(-1, keepdim=True), w_all)
+
+
+def test_experts_are_the_books_swiglu_and_only_chosen_tokens_reach_them():
+    torch.manual_seed(5)
+    moe = MoEFeedForward(C, F, 8, 2)
+    assert all(type(ex) is SwiGLU for ex in moe.experts)
+    seen = [0] * 8
+    for e, ex in enumerate(moe.experts):
+        ex.hidden.register_forward_hook(lambda m, i, o, e=e: seen.__setitem__(e, o.size(0)))
+    moe(torch.randn(4, 5, C))
+    assert seen == moe.tokens_per_expert.tolist() and sum(seen) == 4 * 5 * 2
+
+
+def test_gradient_reaches_router_and_experts():
+    torch.manual_seed(6)
+    moe = MoEFeedForward(C, F, E, K)
+    x = torch.randn(2, 5, C, requires_grad=True)
+    y, logits = moe(x, return_router_logits=True)
+    (y.square().sum() + load_balancing_loss(logits, E, K)).backward()
+    assert moe.router.weight.grad is not None and moe.router.weight.grad.abs().sum() > 0
+    assert x.grad.abs().sum() > 0
+    used = moe.tokens_per_expert > 0
+    for e, ex in enumerate(moe.experts):
+        has_grad = ex.fc_out.weight.grad is not None and ex.fc_out.weight.grad.abs().sum() > 0
+        assert has_grad == bool(used[e])
+    # the output alone also trains the router (through the routing weights)
+    moe.zero_grad()
+    moe(x).square().sum().backward()
+    assert moe.router.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("n_experts, top_k, error, message", [
+    (4, 5, ValueError, r"top_k must be at most n_experts = 4 .*got top_k = 5"),
+    (4, 0, ValueError, r"top_k must be at least 1 .*got 0"),
+    (0, 1, ValueError, r"n_experts must be at least 1, got 0"),
+    (4.0, 2, TypeError, r"n_experts must be an int, got float 4.0"),
+    (4, "2", TypeError, r"top_k must be an int, got str '2'"),
+    (4, True, TypeError, r"top_k must be an int, got bool True"),
+])
+def test_bad_expert_counts(n_experts, top_k, error, message):
+    with pytest.raises(error, match=message):
+        MoEFeedForward(C, F, n_experts, top_k)
+    with pytest.raises(error, match=message):
+        load_balancing_loss(torch.zeros(3, 4), n_experts, top_k)
+
+
+def test_bad_routing_shapes_and_masks():
+    with pytest.raises(ValueError, match=r"routing must be one of .*got 'sigmoid'"):
+        MoEFeedForward(C, F, E, K, routing="sigmoid")
+    with pytest.raises(ValueError, match=r"expects x of shape \(B, T, C\), got \(5, 16\)"):
+        MoEFeedForward(C, F, E, K)(torch.randn(5, C))
+    with pytest.raises(ValueError, match=r"shape \(N, n_experts = 4\), got \(6, 3\)"):
+        load_balancing_loss(torch.zeros(6, 3), E, K)
+    with pytest.raises(ValueError, match=r"attention_mask has 5 entries .* rows; they must match"):
+        load_balancing_loss(torch.zeros(6, E), E, K, torch.ones(1, 5))
+    with pytest.raises(TypeError, match=r"router_logits must be a tensor"):
+        load_balancing_loss([], E, K)
