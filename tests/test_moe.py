@@ -204,3 +204,23 @@ def test_bad_routing_shapes_and_masks():
         load_balancing_loss(torch.zeros(6, E), E, K, torch.ones(1, 5))
     with pytest.raises(TypeError, match=r"router_logits must be a tensor"):
         load_balancing_loss([], E, K)
+
+
+@pytest.mark.parametrize("family, norm, routing", [
+    ("qwen2_moe", False, "unnormalised"), ("qwen3_moe", True, "renormalised"),
+    ("olmoe", False, "unnormalised")])
+def test_routings_equal_the_routers_of_other_families(family, norm, routing):
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    prefix = {"qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}[family]
+    cfg = getattr(importlib.import_module("transformers"), f"{prefix}Config")(
+        hidden_size=C, num_experts=8, num_experts_per_tok=3, norm_topk_prob=norm,
+        num_attention_heads=2, num_key_value_heads=2)
+    router = getattr(module, f"{prefix}TopKRouter")(cfg)
+    torch.nn.init.normal_(router.weight, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(20, C, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        logits, scores, idx = router(x)
+    w, i = route(logits, 3, routing)
+    assert torch.equal(i, idx) and torch.equal(w, scores)
