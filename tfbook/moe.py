@@ -16,9 +16,10 @@ Routings (the weights w of the k chosen experts), with the families that use eac
   G(x) = Softmax(TopK(x W_g)) (Jiang et al. 2024, section 2.1) and Mistral's reference code
   (mistral-inference `moe.py`: `torch.topk` on the logits, then `softmax`). It is the same
   function as "renormalised" (e^{l_i}/Z divided by sum_{j in S} e^{l_j}/Z), up to rounding.
-- "unnormalised": softmax over all E, keep the top k probabilities as they are (they sum to
-  less than 1). The Switch Transformer's top-1 gate p_i(x) (Fedus et al. 2022, eq. 2), and
-  Qwen1.5/Qwen2-MoE, OLMoE and DeepSeek-V2 (Hugging Face's `norm_topk_prob=False`).
+- "unnormalised": softmax over all E, keep the top k probabilities as they are (their sum is
+  below 1 unless k = E). The Switch Transformer's top-1 gate p_i(x) (Fedus et al. 2022,
+  eqs. 1-2), and Qwen1.5/Qwen2-MoE, OLMoE and DeepSeek-V2 (Hugging Face's
+  `norm_topk_prob=False`; DeepSeek-V2 then multiplies by its `routed_scaling_factor`).
 
 Dispatch: the N*k (token, expert) pairs are sorted by expert; each expert runs once, on the
 rows routed to it (`index_select`), and its weighted output is added back (`index_add`). No
