@@ -84,6 +84,8 @@ def test_linear_equals_hf(D, base, factor):
     settings = {"rope_type": "linear", "factor": factor}
     theta, attention = assert_equal_to_hf(D, base, settings, 2048)
     assert torch.equal(theta, rope_frequencies(D, base) / factor) and attention == 1.0
+    if factor >= 1:  # the rope chapter's position interpolation
+        assert torch.equal(theta, scaled_rope_frequencies(D, factor, "interpolation", base))
 
 
 @pytest.mark.parametrize("D", DIMS)
@@ -223,6 +225,8 @@ def test_bad_arguments():
         rope_inverse_frequencies(8, "1e4")
     with pytest.raises(ValueError, match="seq_len must be a positive int"):
         rope_inverse_frequencies(8, 1e4, RopeScaling("dynamic", 2.0, 512), seq_len=0)
+    with pytest.raises(ValueError, match="NTK-aware scaling needs D >= 4"):
+        rope_inverse_frequencies(2, 1e4, RopeScaling("dynamic", 2.0, 512), seq_len=1024)
     with pytest.raises(TypeError, match="scaling must be a RopeScaling"):
         rope_inverse_frequencies(8, 1e4, "linear")
     assert set(ROPE_SCALING_TYPES) <= set(ROPE_INIT_FUNCTIONS)

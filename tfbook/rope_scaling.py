@@ -149,7 +149,7 @@ def dynamic_ntk_frequencies(D: int, base: float, factor: float, L: int, seq_len:
 
 def yarn_attention_factor(factor: float, mscale: float | None = None,
                           mscale_all_dim: float | None = None) -> float:
-    """YaRN's attention temperature (Peng et al. 2023, eq. 22): sqrt(1/t) = 0.1 ln(s) + 1.
+    """YaRN's attention temperature (Peng et al. 2023): sqrt(1/t) = 0.1 ln(s) + 1 for s > 1.
 
     cos and sin are multiplied by it, so every score q.k grows by its square. With DeepSeek's
     mscale and mscale_all_dim both set, it is m(s, mscale) / m(s, mscale_all_dim) with
@@ -165,13 +165,14 @@ def yarn_attention_factor(factor: float, mscale: float | None = None,
 
 def yarn_frequencies(D: int, base: float, factor: float, L: int, beta_fast: float = 32.0,
                      beta_slow: float = 1.0, truncate: bool = True) -> Tensor:
-    """YaRN's "NTK-by-parts" frequencies (Peng et al. 2023, section 3.2), (D/2,) float64.
+    """YaRN's "NTK-by-parts" frequencies (Peng et al. 2023), (D/2,) float64.
 
     Plane n turns L * theta_n / (2 pi) times over the trained context. Planes turning more
     than beta_fast times keep theta_n; planes turning fewer than beta_slow times get
     theta_n / factor (position interpolation); between them a linear ramp in n mixes the two.
     The plane that turns r times is n(r) = D ln(L / (2 pi r)) / (2 ln base); the ramp runs
-    from n(beta_fast) to n(beta_slow) (floored and ceiled if truncate), clamped to 0 .. D-1.
+    from n(beta_fast) to n(beta_slow) (floored and ceiled if truncate), clamped to 0 .. D - 1
+    (D - 1 as in Hugging Face's code, although the planes stop at D/2 - 1).
     """
     def plane(rotations: float) -> float:
         return D * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(base))
