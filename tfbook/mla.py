@@ -1,0 +1,263 @@
+"""Multi-head latent attention (MLA; DeepSeek-AI 2024, DeepSeek-V2 section 2.1; DeepSeek-V3).
+
+Each token's keys and values are not stored head by head: the token is compressed to one
+latent vector c (kv_lora_rank wide, RMS-normalised), and every head's key and value are
+linear functions of it. Position enters through a separate, decoupled RoPE key k_R
+(qk_rope_head_dim wide) that all heads share:
+
+    c      = RMSNorm(x W_DKV)                    (B, T, r)       the latent, cached
+    k_R    = RoPE(x W_KR)                        (B, 1, T, d_R)  shared by all heads, cached
+    k_h    = [c W_UK^h ; k_R]                    (B, H, T, d_N + d_R)
+    v_h    = c W_UV^h                            (B, H, T, d_V)
+    q_h    = [q_N^h ; RoPE(q_R^h)], from x W_Q or, with a query rank, RMSNorm(x W_DQ) W_UQ
+    out    = Concat_h softmax(q_h k_h^T / sqrt(d_N + d_R) + causal) v_h   W_O
+
+The cache holds c and k_R: (r + d_R) numbers per token and layer, against 2 H D for
+multi-head attention and 2 H_kv D for grouped-query attention (`kv_cache_bytes_per_token`).
+
+Absorbed form, for decoding: q_N^h . (c W_UK^h) = (q_N^h W_UK^h^T) . c, so W_UK folds into
+the query and every head attends to the same single key [c ; k_R] and value c (one key/value
+head, as multi-query attention); W_UV folds into the output projection, W_O^h W_UV^h. The
+latent is never expanded to H heads. It computes the same function as the naive form.
+
+DeepSeek-V3 with YaRN RoPE scaling also multiplies the softmax scale by mscale^2, where
+mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (Hugging Face's `yarn_get_mscale`), because
+YaRN's temperature would otherwise act on the RoPE part only; that adjustment is left to the
+RoPE-scaling setting and not applied here (the scale is 1 / sqrt(d_N + d_R)).
+
+Weight names follow Hugging Face's `DeepseekV3Attention`, so its state dict loads as is.
+RoPE uses `tfbook.rope` ("interleaved" is HF's rope_interleave=True, "half" is False),
+RMSNorm `tfbook.normalization`, and the softmax path `tfbook.attention.attend`.
+
+Shape legend: B batch, T query positions, S cached positions, C model width, H heads,
+r kv_lora_rank, d_N qk_nope_head_dim, d_R qk_rope_head_dim, d_V v_head_dim.
+"""
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from tfbook.attention import attend
+from tfbook.config import is_int
+from tfbook.normalization import RMSNorm
+from tfbook.rope import CONVENTIONS, PRECISIONS, check_rope_positions, rope_cos_sin, rotate_planes
+
+MLA_KERNELS = ("reference", "torch")  # the `attend` kernels that take values of another width
+
+
+class LatentCache:
+    """The MLA cache of one layer: the latent c (B, 1, S, r) and the rotated RoPE key k_R
+    (B, 1, S, d_R) of every position so far, preallocated for `max_len` positions."""
+
+    def __init__(self, max_len: int) -> None:
+        if not is_int(max_len) or max_len < 1:
+            raise ValueError(f"LatentCache: max_len must be a positive int, got {max_len!r}")
+        self.max_len = int(max_len)
+        self.length = 0
+        self.latent: Tensor | None = None  # (B, 1, max_len, r), filled up to `length`
+        self.rope_key: Tensor | None = None  # (B, 1, max_len, d_R)
+
+    def update(self, latent: Tensor, rope_key: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (B, 1, T, r) and (B, 1, T, d_R) -> all so far, (B, 1, S, r), (B, 1, S, d_R)."""
+        B, _, T, r = latent.size()
+        if self.latent is None:
+            self.latent = latent.new_zeros(B, 1, self.max_len, r)
+            self.rope_key = rope_key.new_zeros(B, 1, self.max_len, rope_key.size(-1))
+        elif (self.latent.size(0), self.latent.size(-1), self.rope_key.size(-1)) != (
+                B, r, rope_key.size(-1)):
+            raise ValueError(
+                f"this cache holds batch {self.latent.size(0)} with latent width "
+                f"{self.latent.size(-1)} and RoPE key width {self.rope_key.size(-1)}, got "
+                f"{tuple(latent.shape)} and {tuple(rope_key.shape)}: start a new LatentCache"
+            )
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"the cache holds at most {self.max_len} positions: "
+                             f"{self.length} stored, {T} more given")
+        self.latent[:, :, self.length : end] = latent
+        self.rope_key[:, :, self.length : end] = rope_key
+        self.length = end
+        return self.latent[:, :, :end], self.rope_key[:, :, :end]
+
+    def memory_bytes(self) -> int:
+        """Bytes of the latents and RoPE keys stored so far."""
+        if self.latent is None:
+            return 0
+        return sum(t[:, :, : self.length].numel() * t.element_size()
+                   for t in (self.latent, self.rope_key))
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Causal self-attention with keys and values compressed to a latent (DeepSeek-V2/V3).
+
+    `forward(x, positions=None, cache=None, absorbed=False)`: x (B, T, C) -> (B, T, C) and
+    the weights (B, H, T, S) or None. With a `LatentCache`, this step's latents and RoPE keys
+    are appended and the queries attend to all stored positions (the queries sit at the last
+    T of them). `absorbed=True` computes the same function with W_UK folded into the query
+    and W_UV into the output (see the module docstring).
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int,
+        qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None = None,
+        bias: bool = False, rope_base: float = 10000.0, rope_convention: str = "interleaved",
+        rope_precision: str = "float64", eps: float = 1e-6, attention: str = "reference",
+    ) -> None:
+        super().__init__()
+        owner = "MultiHeadLatentAttention"
+        dims = {"d_model": d_model, "n_heads": n_heads, "kv_lora_rank": kv_lora_rank,
+                "qk_nope_head_dim": qk_nope_head_dim, "qk_rope_head_dim": qk_rope_head_dim,
+                "v_head_dim": v_head_dim}
+        if q_lora_rank is not None:
+            dims["q_lora_rank"] = q_lora_rank
+        for name, value in dims.items():
+            if not is_int(value) or value < 1:
+                raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+        for name in ("kv_lora_rank", "q_lora_rank"):
+            if name in dims and dims[name] > d_model:
+                raise ValueError(
+                    f"{owner}: {name}={dims[name]} is larger than the width d_model={d_model}; "
+                    "a latent compresses the token, so its rank must be at most d_model"
+                )
+        if qk_rope_head_dim % 2 != 0:
+            raise ValueError(f"{owner}: RoPE rotates planes, so qk_rope_head_dim must be even, "
+                             f"got {qk_rope_head_dim}")
+        if isinstance(rope_base, bool) or not isinstance(rope_base, int | float) \
+                or not rope_base > 1.0:
+            raise ValueError(f"{owner}: rope_base must be a number > 1, got {rope_base!r}")
+        for name, value, choices in (("rope_convention", rope_convention, CONVENTIONS),
+                                     ("rope_precision", rope_precision, PRECISIONS),
+                                     ("attention", attention, MLA_KERNELS)):
+            if value not in choices:
+                raise ValueError(f"{owner}: {name} must be one of {choices}, got {value!r}")
+        self.n_heads = n_heads
+        self.q_lora_rank, self.kv_lora_rank = q_lora_rank, kv_lora_rank
+        self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
+        self.v_head_dim = v_head_dim
+        self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        self.rope_base, self.rope_convention = rope_base, rope_convention
+        self.rope_precision, self.attention = rope_precision, attention
+        q_width = n_heads * self.qk_head_dim
+        if q_lora_rank is None:
+            self.q_proj = nn.Linear(d_model, q_width, bias=False)  # W_Q
+        else:
+            self.q_a_proj = nn.Linear(d_model, q_lora_rank, bias=bias)  # W_DQ
+            self.q_a_layernorm = RMSNorm(q_lora_rank, eps)
+            self.q_b_proj = nn.Linear(q_lora_rank, q_width, bias=False)  # W_UQ (and W_QR)
+        # [W_DKV, W_KR]: the latent and the shared RoPE key, from one product
+        self.kv_a_proj_with_mqa = nn.Linear(d_model, kv_lora_rank + qk_rope_head_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(kv_lora_rank, eps)
+        # [W_UK^h; W_UV^h] for each head h: (H (d_N + d_V), r)
+        self.kv_b_proj = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim),
+                                   bias=False)
+        self.o_proj = nn.Linear(n_heads * v_head_dim, d_model, bias=bias)  # W_O
+
+    def queries(self, x: Tensor) -> Tensor:
+        """x (B, T, C) -> q (B, H, T, d_N + d_R), before RoPE."""
+        B, T, _ = x.size()
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q.view(B, T, self.n_heads, self.qk_head_dim).transpose(1, 2)
+
+    def up_weights(self) -> tuple[Tensor, Tensor]:
+        """W_UK (H, d_N, r) and W_UV (H, d_V, r), the views of kv_b_proj's weight."""
+        w = self.kv_b_proj.weight.view(self.n_heads, self.qk_nope_head_dim + self.v_head_dim,
+                                       self.kv_lora_rank)
+        return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim :]
+
+    def forward(
+        self, x: Tensor, positions: Tensor | None = None, cache: LatentCache | None = None,
+        absorbed: bool = False, need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, T, C) -> out (B, T, C), weights (B, H, T, S) or None; positions (T,) or (B, T)
+        default to the cache's length onwards."""
+        C = self.kv_a_proj_with_mqa.in_features
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != C:
+            raise ValueError(f"expected x of shape (B, T, {C}), got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        dtype = self.kv_b_proj.weight.dtype
+        if x.dtype != dtype:
+            raise TypeError(f"expected x of this module's dtype {dtype} (its weights), got "
+                            f"{x.dtype}: convert one with .to()")
+        if cache is not None and not isinstance(cache, LatentCache):
+            raise TypeError(f"MultiHeadLatentAttention stores latents: cache must be a "
+                            f"LatentCache, got {type(cache).__name__}")
+        B, T, _ = x.size()
+        q = self.queries(x)  # (B, H, T, d_N + d_R)
+        q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split(
+            [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)[:, None]  # (B, 1, T, r)
+        k_rope = k_rope[:, None]  # (B, 1, T, d_R): one RoPE key for all heads
+        if positions is None:
+            start = 0 if cache is None else cache.length
+            positions = torch.arange(start, start + T, device=x.device)
+        positions = check_rope_positions(q_rope, positions)
+        cos, sin = rope_cos_sin(positions, self.qk_rope_head_dim, self.rope_base,
+                                self.rope_precision, q.dtype)
+        q_rope = rotate_planes(q_rope, cos, sin, self.rope_convention)
+        k_rope = rotate_planes(k_rope, cos, sin, self.rope_convention)
+        if cache is not None:
+            latent, k_rope = cache.update(latent, k_rope)  # (B, 1, S, r), (B, 1, S, d_R)
+        w_uk, w_uv = self.up_weights()
+        if absorbed:
+            q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # W_UK into the query
+            # attend divides by sqrt of the query width, r + d_R; the scale is 1/sqrt(d_N + d_R)
+            rescale = math.sqrt((self.kv_lora_rank + self.qk_rope_head_dim) / self.qk_head_dim)
+            q_abs = torch.cat((q_latent, q_rope), dim=-1) * rescale  # (B, H, T, r + d_R)
+            k_abs = torch.cat((latent, k_rope), dim=-1)  # (B, 1, S, r + d_R): one key head
+            y, weights = attend(q_abs, k_abs, latent, causal=True, need_weights=need_weights,
+                                kernel=self.attention)  # (B, H, T, r)
+            w_o = self.o_proj.weight.view(C, self.n_heads, self.v_head_dim)
+            w_ouv = torch.einsum("chv,hvr->chr", w_o, w_uv)  # W_O^h W_UV^h: (C, H, r)
+            out = torch.einsum("bhtr,chr->btc", y, w_ouv)
+            if self.o_proj.bias is not None:
+                out = out + self.o_proj.bias
+            return out, weights
+        S = latent.size(2)
+        kv = self.kv_b_proj(latent[:, 0])  # (B, S, H (d_N + d_V))
+        kv = kv.view(B, S, self.n_heads, -1).transpose(1, 2)  # (B, H, S, d_N + d_V)
+        k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        k = torch.cat((k_nope, k_rope.expand(-1, self.n_heads, -1, -1)), dim=-1)
+        q = torch.cat((q_nope, q_rope), dim=-1)  # (B, H, T, d_N + d_R)
+        y, weights = attend(q, k, v, causal=True, need_weights=need_weights,
+                            kernel=self.attention)  # (B, H, T, d_V)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim)
+        return self.o_proj(y), weights
+
+
+def kv_cache_bytes_per_token(
+    attention: str, *, dtype: torch.dtype = torch.bfloat16, n_layers: int = 1,
+    n_heads: int | None = None, head_size: int | None = None, n_kv_heads: int | None = None,
+    kv_lora_rank: int | None = None, qk_rope_head_dim: int | None = None,
+) -> int:
+    """Bytes the cache keeps per token over `n_layers` layers:
+
+    - "mha": 2 (K and V) x n_heads x head_size x bytes;
+    - "gqa": 2 x n_kv_heads x head_size x bytes (n_kv_heads = 1 is multi-query attention);
+    - "mla": (kv_lora_rank + qk_rope_head_dim) x bytes, the latent and the shared RoPE key.
+    """
+    needs = {"mha": ("n_heads", "head_size"), "gqa": ("n_kv_heads", "head_size"),
+             "mla": ("kv_lora_rank", "qk_rope_head_dim")}
+    if attention not in needs:
+        raise ValueError(f"attention must be one of {tuple(needs)}, got {attention!r}")
+    given = {"n_layers": n_layers, "n_heads": n_heads, "head_size": head_size,
+             "n_kv_heads": n_kv_heads, "kv_lora_rank": kv_lora_rank,
+             "qk_rope_head_dim": qk_rope_head_dim}
+    for name in ("n_layers", *needs[attention]):
+        if not is_int(given[name]) or given[name] < 1:
+            raise ValueError(f"kv_cache_bytes_per_token({attention!r}) needs {name} as a "
+                             f"positive int, got {given[name]!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    size = torch.empty((), dtype=dtype).element_size()
+    if attention == "mha":
+        per_layer = 2 * n_heads * head_size
+    elif attention == "gqa":
+        per_layer = 2 * n_kv_heads * head_size
+    else:
+        per_layer = kv_lora_rank + qk_rope_head_dim
+    return n_layers * per_layer * size
