@@ -72,6 +72,10 @@ def test_equals_hf_deepseek_v3_attention(q_lora_rank, interleave, bias):
     err = (got - expected).abs().max().item()
     assert err <= bound, (err, bound)
     assert torch.allclose(weights, hf_weights, atol=64 * 8 * U32, rtol=0)
+    # the convention matters: the other one pairs other features into planes and misses
+    other = make_mla(q_lora_rank, bias, "half" if interleave else "interleaved").eval()
+    with torch.no_grad():
+        assert (other(x)[0] - expected).abs().max().item() > 100 * bound
 
 
 @pytest.mark.parametrize("absorbed", [False, True])
