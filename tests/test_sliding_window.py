@@ -140,5 +140,69 @@ def test_bad_mask_arguments():
     cache.update(torch.randn(1, 1, 2, 4), torch.randn(1, 1, 2, 4))
     with pytest.raises(ValueError, match=r"1 <= T <= 2"):
         cache.mask(3)
+    with pytest.raises(ValueError, match=r"T >= 1, got 0"):
+        cache.next_mask(0)
     with pytest.raises(ValueError, match=r"start a new cache"):
         cache.update(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4))
+
+
+def tiny_mistral_attention(window):
+    """HF's MistralAttention (eager, float64) and tfbook's MultiHeadAttention with its weights."""
+    from transformers import MistralConfig
+    from transformers.models.mistral.modeling_mistral import (
+        MistralAttention,
+        MistralRotaryEmbedding,
+    )
+
+    from tfbook.attention import MultiHeadAttention
+
+    config = MistralConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=64, num_hidden_layers=1, vocab_size=16,
+                           sliding_window=window, attn_implementation="eager",
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    hf = MistralAttention(config, layer_idx=0).double().eval()
+    ours = MultiHeadAttention(32, 4, n_kv_heads=2, bias=False, rope_base=10000.0,
+                              rope_convention="half").double().eval()
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(ours, name).weight.copy_(getattr(hf, name).weight)
+        ours.out_proj.weight.copy_(hf.o_proj.weight)
+    return config, hf, MistralRotaryEmbedding(config).double(), ours
+
+
+def test_mistral_attention_layer_equals_ours():
+    """HF's MistralAttention with its own sliding-window mask == tfbook's module with ours,
+    uncached and step by step through SlidingWindowKVCache, on a sequence 3x the window."""
+    from transformers.cache_utils import DynamicCache
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    window, N = 4, 12
+    config, hf, rotary, ours = tiny_mistral_attention(window)
+    x = torch.randn(2, N, 32, dtype=torch.float64)
+    positions = torch.arange(N)[None].expand(2, N)
+    with torch.no_grad():
+        hf_mask = create_sliding_window_causal_mask(config, x, None, None,
+                                                    position_ids=positions)
+        expected, _ = hf(x, rotary(x, positions), hf_mask)  # (B, N, C)
+        full, _ = ours(x, mask=sliding_window_mask(N, N, window)[None, None])
+        # HF's eager attention takes its softmax in float32 even for float64 inputs: the two
+        # agree to a few float32 roundings of the output's size, not to float64's
+        bound = 4 * torch.finfo(torch.float32).eps * float(expected.abs().max())
+        np.testing.assert_allclose(full.numpy(), expected.numpy(), rtol=0, atol=bound)
+        cache, hf_cache, start, steps, hf_steps = SlidingWindowKVCache(1, window), \
+            DynamicCache(config=config), 0, [], []
+        for size in (6, 1, 1, 3, 1):
+            part, pos = x[:, start:start + size], positions[:, start:start + size]
+            # the mask is built before the update: T new queries against kept + T keys
+            out, _ = ours(part, cache=cache[0], need_weights=False,
+                          mask=cache[0].next_mask(size)[None, None])
+            steps.append(out)
+            m = create_sliding_window_causal_mask(config, part, None, hf_cache, position_ids=pos)
+            hf_steps.append(hf(part, rotary(part, pos), m, past_key_values=hf_cache)[0])
+            start += size
+    # each side cached equals itself uncached (float64 throughout on our side)
+    np.testing.assert_allclose(torch.cat(steps, 1).numpy(), full.numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(torch.cat(hf_steps, 1).numpy(), expected.numpy(), rtol=0,
+                               atol=bound)
+    assert cache[0].stored == window - 1 == hf_cache.layers[0].keys.size(-2)

@@ -134,6 +134,13 @@ class SlidingWindowLayerCache(LayerCache):
                              f"(the keys it returned), got {T!r}")
         return sliding_window_mask(T, self.returned, self.window, device=device)
 
+    def next_mask(self, T: int, device: torch.device | str | None = None) -> Tensor:
+        """(T, stored + T) mask for T queries about to be added, against the keys `update`
+        will return: what an attention module needs before it calls `update`."""
+        if not is_int(T) or T < 1:
+            raise ValueError(f"next_mask needs the number of new positions T >= 1, got {T!r}")
+        return sliding_window_mask(T, self.stored + T, self.window, device=device)
+
     def crop(self, length: int) -> None:
         """Forget the positions from `length` on; only kept positions can be returned to."""
         if not is_int(length) or not self.start <= length <= self.length:
