@@ -206,3 +206,16 @@ def test_mistral_attention_layer_equals_ours():
     np.testing.assert_allclose(torch.cat(hf_steps, 1).numpy(), expected.numpy(), rtol=0,
                                atol=bound)
     assert cache[0].stored == window - 1 == hf_cache.layers[0].keys.size(-2)
+
+
+def test_reorder_and_crop_every_layer():
+    cache = SlidingWindowKVCache(2, window=3)
+    k = torch.arange(3 * 5, dtype=torch.float32).view(3, 1, 5, 1)  # row b, position t
+    for layer in cache.layers:
+        layer.update(k, k)
+    cache.reorder(torch.tensor([2, 0]))  # beam search keeps rows 2 and 0
+    for layer in cache.layers:
+        assert torch.equal(layer.keys, k[[2, 0], :, 3:])  # the last window - 1 positions
+    cache.crop(4)
+    assert cache.length == 4 and all(layer.stored == 1 for layer in cache.layers)
+    assert cache.memory_bytes() == 2 * 2 * (2 * 1 * 1 * 1 * 4)
