@@ -76,7 +76,28 @@ def main(build: Path) -> int:
     print("\n| slowest test files | seconds |\n|---|---:|")
     for path, seconds in slowest:
         print(f"| {path} | {seconds:.0f} |")
+    print_failures(report)
     return 0
+
+
+def print_failures(report: Path, limit: int = 30) -> None:
+    """The failed and erroring tests, last, so that the tail of a CI log names them."""
+    root = ElementTree.parse(report).getroot()
+    failed = []
+    for case in root.iter("testcase"):
+        for kind in ("failure", "error"):
+            for problem in case.findall(kind):
+                message = (problem.get("message") or problem.text or "").strip()
+                first = message.splitlines()[0][:300] if message else ""
+                failed.append(f"{kind}: {case.get('classname', '')}::{case.get('name', '')}"
+                              f" -- {first}")
+    if not failed:
+        return
+    print(f"\n{len(failed)} test(s) failed or errored:")
+    for line in failed[:limit]:
+        print(f"  {line}")
+    if len(failed) > limit:
+        print(f"  ... and {len(failed) - limit} more (see the pytest summary above)")
 
 
 if __name__ == "__main__":
