@@ -16,7 +16,8 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
 
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
 key/value heads (grouped-query attention), RoPE inside attention (its base and pair
-convention) and the kernels; a Llama-style decoder is a GPT with another `BlockConfig`.
+convention), QK-norm (Qwen3), a sliding attention window (Mistral) and the kernels;
+a Llama-style decoder is a GPT with another `BlockConfig`.
 It is the one source of block settings: every model config builds its own with
 `block_config_of`, which copies the fields of the same name and checks them in the model
 config's words.
@@ -63,6 +64,8 @@ class BlockConfig:
     rope_base: float | None = None  # RoPE inside attention with this base; None = no RoPE
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
+    qk_norm: bool = False  # RMSNorm (eps norm_eps) on each query and key head before RoPE (Qwen3)
+    sliding_window: int | None = None  # positions a query sees, itself included (Mistral)
 
     def __post_init__(self) -> None:
         check_block_settings(self, owner="BlockConfig")
@@ -73,6 +76,7 @@ class BlockConfig:
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias,
             attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
             rope_convention=self.rope_convention, rope_precision=self.rope_precision,
+            qk_norm=self.qk_norm, norm_eps=self.norm_eps, sliding_window=self.sliding_window,
         )
 
     def make_feed_forward(self) -> nn.Module:

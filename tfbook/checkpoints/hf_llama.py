@@ -1,4 +1,6 @@
-"""Any Hugging Face `LlamaForCausalLM` as a tfbook GPT, for parity tests and the chapters.
+"""Any Hugging Face `LlamaForCausalLM` as a tfbook GPT, for parity tests and the chapters;
+also its relatives `Qwen3ForCausalLM` (QK-norm) and `MistralForCausalLM` (sliding window),
+which keep Llama's names and add one setting each.
 
 Hugging Face's port of LLaMA keeps the rows of W_Q and W_K permuted so that RoPE rotates the
 two halves of each head (features i and i + D/2), and computes the rotary angles in float32.
@@ -24,6 +26,8 @@ HF_TO_TFBOOK: dict[str, str] = {
     "model.layers.{i}.self_attn.k_proj.weight": "blocks.{i}.attn.k_proj.weight",
     "model.layers.{i}.self_attn.v_proj.weight": "blocks.{i}.attn.v_proj.weight",
     "model.layers.{i}.self_attn.o_proj.weight": "blocks.{i}.attn.out_proj.weight",
+    "model.layers.{i}.self_attn.q_norm.weight": "blocks.{i}.attn.q_norm.weight",  # Qwen3
+    "model.layers.{i}.self_attn.k_norm.weight": "blocks.{i}.attn.k_norm.weight",  # Qwen3
     "model.layers.{i}.post_attention_layernorm.weight": "blocks.{i}.norm2.weight",
     "model.layers.{i}.mlp.gate_proj.weight": "blocks.{i}.ff.fc_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blocks.{i}.ff.fc_in.weight",
@@ -32,6 +36,8 @@ HF_TO_TFBOOK: dict[str, str] = {
     "lm_head.weight": "lm_head.weight",  # the same tensor as the embedding when tied
 }
 
+HF_MODEL_TYPES = ("llama", "mistral", "qwen3")  # the families config_from_hf_llama reads
+
 
 def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfig:
     """The GPTConfig of a Hugging Face LlamaConfig, in HF's RoPE layout and precision."""
@@ -39,6 +45,23 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
     base = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"only plain RoPE is supported, got rope_type={rope.get('rope_type')!r}")
+    model_type = getattr(hf_config, "model_type", "llama")
+    if model_type not in HF_MODEL_TYPES:
+        raise ValueError(f"expected a config of model_type in {HF_MODEL_TYPES}, got "
+                         f"{model_type!r}")
+    head_dim = getattr(hf_config, "head_dim", None)
+    width_per_head = hf_config.hidden_size // hf_config.num_attention_heads
+    if head_dim is not None and head_dim != width_per_head:
+        raise ValueError(f"GPTConfig's head size is d_model / n_heads = {width_per_head}, got "
+                         f"head_dim={head_dim}")
+    if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
+        raise ValueError("expected a model without biases (attention_bias=mlp_bias=False)")
+    window = None
+    if model_type == "mistral":
+        window = hf_config.sliding_window
+    elif model_type == "qwen3" and getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("Qwen3 with use_sliding_window=True (windows in some layers only) "
+                         "is not supported: one window serves every block here")
     return llama_config(
         vocab_size=hf_config.vocab_size,
         max_len=max_len or hf_config.max_position_embeddings,
@@ -46,7 +69,7 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
         n_heads=hf_config.num_attention_heads, n_kv_heads=hf_config.num_key_value_heads,
         d_ff=hf_config.intermediate_size, rope_base=float(base), norm_eps=hf_config.rms_norm_eps,
         tie_weights=bool(hf_config.tie_word_embeddings), rope_convention="half",
-        rope_precision="float32",
+        rope_precision="float32", qk_norm=model_type == "qwen3", sliding_window=window,
     )
 
 

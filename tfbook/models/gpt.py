@@ -25,6 +25,7 @@ from tfbook.masks import padding_mask
 from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
 from tfbook.rope import rope_cos_sin
+from tfbook.sliding_window import SlidingWindowKVCache
 
 POSITIONS = ("learned", "rope")
 
@@ -54,6 +55,8 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE's base, used when position == "rope"
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
+    qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3)
+    sliding_window: int | None = None  # positions a query sees, itself included (Mistral)
 
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
@@ -120,7 +123,10 @@ class GPT(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
-        `max_len` positions (default: the whole context; generate asks for what it needs)."""
+        `max_len` positions (default: the whole context; generate asks for what it needs).
+        With a sliding window, each layer keeps only the last window - 1 positions instead."""
+        if self.config.sliding_window is not None:
+            return SlidingWindowKVCache(self.config.n_layers, self.config.sliding_window)
         return KVCache(self.config.n_layers, max_len or self.config.max_len)
 
     def forward(
