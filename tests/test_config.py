@@ -30,7 +30,7 @@ BAD = [
     (GPTConfig, {"d_model": 30}, r"GPTConfig: d_model=30 is not divisible by n_heads=12"),
     (GPTConfig, {"n_kv_heads": 5}, r"GPTConfig: n_heads=12 is not a multiple of n_kv_heads=5"),
     (GPTConfig, {"norm": "batch"}, r"GPTConfig: norm must be one of \('layer', 'rms'\)"),
-    (GPTConfig, {"ffn": "moe"}, r"GPTConfig: ffn must be one of \('mlp', 'swiglu'\)"),
+    (GPTConfig, {"ffn": "moe_"}, r"GPTConfig: ffn must be one of \('mlp', 'swiglu', 'moe'\)"),
     (GPTConfig, {"position": "alibi"}, r"GPTConfig: position must be one of"),
     (GPTConfig, {"activation": "swish"}, r"GPTConfig: activation must be one of"),
     (GPTConfig, {"position": "rope", "rope_base": 0.5}, r"GPTConfig: RoPE needs rope_base > 1"),
@@ -100,7 +100,8 @@ OTHER_VALUE = {"d_model": 96, "n_heads": 16, "d_ff": 100, "dropout": 0.25, "acti
                "norm_eps": 1e-3, "bias": False, "attention": "reference", "fused_norm": False,
                "fused_activation": False, "norm": "rms", "ffn": "swiglu", "n_kv_heads": 4,
                "rope_base": 500.0, "rope_convention": "half", "rope_precision": "float32",
-               "qk_norm": True, "sliding_window": 8}
+               "qk_norm": True, "sliding_window": 8, "n_experts": 4, "top_k": 1,
+               "routing": "selected"}
 
 
 @pytest.mark.parametrize("field", SHARED)

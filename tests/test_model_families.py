@@ -2,11 +2,14 @@
 
 - QK-norm (qk_norm=True) equals `Qwen3ForCausalLM`;
 - a sliding window (sliding_window=W) equals `MistralForCausalLM` on sequences longer than
-  W, uncached and cached (the cache keeping only the window).
+  W, uncached and cached (the cache keeping only the window);
+- a mixture of experts (ffn="moe") equals `MixtralForCausalLM`, and its load-balancing loss
+  HF's `aux_loss`.
 
 Bounds. In float32, with HF's sdpa attention and our "torch" kernel, both run the same
 operations in the same order: the logits are asserted bit-for-bit equal on 1 and 2 pinned
-threads. In float64 both sides compute the same function with a few dozen roundings per
+threads (except Mixtral's, whose experts add their outputs in another order than HF's).
+In float64 both sides compute the same function with a few dozen roundings per
 logit, each of relative size 2^-53, so they agree to within 2^-40 of the logits' size (a
 margin of about a hundred times that error, and still a billionth of float32's rounding).
 HF's RMSNorm rounds its input to float32 even inside a float64 model; the float64 tests run
@@ -17,15 +20,24 @@ one takes the softmax in float32), so that nothing but float64 arithmetic is com
 import numpy as np
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+from transformers.models.mixtral.modeling_mixtral import MixtralRMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from tests.pinned_threads import THREAD_COUNTS, pinned_threads
 from tfbook.blocks import BlockConfig
 from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama
 from tfbook.models.gpt import GPT, GPTConfig
-from tfbook.models.llama import llama_config, mistral_7b, qwen3_8b, tiny_llama
+from tfbook.models.llama import llama_config, mistral_7b, mixtral_8x7b, qwen3_8b, tiny_llama
+from tfbook.moe import MoEFeedForward, load_balancing_loss
 from tfbook.sliding_window import SlidingWindowKVCache
 
 F64_RELATIVE = 2.0**-40  # see the module docstring
@@ -59,8 +71,17 @@ def mistral(window: int, attn: str) -> MistralForCausalLM:
                                                        attn_implementation=attn, **TINY)))
 
 
+def mixtral(attn: str) -> MixtralForCausalLM:
+    torch.manual_seed(0)
+    config = MixtralConfig(num_local_experts=4, num_experts_per_tok=2, attn_implementation=attn,
+                           **TINY)
+    config._experts_implementation = "eager"  # HF's reference loop; the default has no float64
+    return randomized(MixtralForCausalLM(config))
+
+
 FAMILIES = {"qwen3": qwen3, "mistral-w1": lambda a: mistral(1, a),
-            "mistral-w4": lambda a: mistral(4, a), "mistral-w6": lambda a: mistral(6, a)}
+            "mistral-w4": lambda a: mistral(4, a), "mistral-w6": lambda a: mistral(6, a),
+            "mixtral": mixtral}
 
 
 @pytest.fixture
@@ -69,7 +90,7 @@ def hf_norms_in_float64(monkeypatch):
     def forward(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
                                               + self.variance_epsilon))
-    for norm in (MistralRMSNorm, Qwen3RMSNorm):
+    for norm in (MistralRMSNorm, MixtralRMSNorm, Qwen3RMSNorm):
         monkeypatch.setattr(norm, "forward", forward)
 
 
@@ -103,12 +124,14 @@ def hf_decode_steps(hf, ids: torch.Tensor, chunks: list[int]) -> torch.Tensor:
 def test_config_read_from_hf(family):
     config = config_from_hf_llama(FAMILIES[family]("eager").config)
     assert config.qk_norm == (family == "qwen3")
-    assert config.sliding_window == (None if family == "qwen3" else int(family[-1]))
+    assert config.sliding_window == (int(family[-1]) if "mistral" in family else None)
+    assert (config.ffn, config.n_experts, config.top_k) == (
+        ("moe", 4, 2) if family == "mixtral" else ("swiglu", 8, 2))
     assert config.sliding_window is None or IDS.size(1) > config.sliding_window
 
 
 @THREAD_COUNTS
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mixtral"])
 def test_float32_logits_equal_hf_bit_for_bit(family, n_threads):
     hf = FAMILIES[family]("sdpa")
     ours = tfbook_from_hf_llama(hf, attention="torch")
@@ -179,11 +202,28 @@ def test_padded_batch_with_a_window_equals_each_row_alone():
                                    rtol=0, atol=F64_RELATIVE * float(alone.abs().max()))
 
 
+def test_moe_load_balancing_loss_equals_hf(hf_norms_in_float64):
+    """The router's auxiliary loss over every layer equals HF's aux_loss; tokens per expert
+    are counted (N * k assignments per layer)."""
+    hf = mixtral("sdpa").double()
+    ours = tfbook_from_hf_llama(hf, attention="reference").double()
+    with torch.no_grad():
+        expected = hf(IDS, output_router_logits=True).aux_loss
+        ours(IDS)
+    moes = [block.ff for block in ours.blocks]
+    assert all(isinstance(m, MoEFeedForward) for m in moes)
+    aux = load_balancing_loss([m.router_logits for m in moes], 4, 2)
+    np.testing.assert_allclose(float(aux), float(expected), rtol=2.0**-40)
+    assert all(int(m.tokens_per_expert.sum()) == IDS.numel() * 2 for m in moes)
+
+
 def test_presets():
     qwen, mistral_config = qwen3_8b(), mistral_7b()
     assert qwen.qk_norm and qwen.head_size == 128 and qwen.sliding_window is None
     assert mistral_config.sliding_window == 4096 and not mistral_config.qk_norm
     assert qwen.block_config().qk_norm and mistral_config.block_config().sliding_window == 4096
+    moe = mixtral_8x7b().block_config()
+    assert (moe.ffn, moe.n_experts, moe.top_k, moe.sliding_window) == ("moe", 8, 2, None)
 
 
 def test_defaults_add_no_parameters():
@@ -202,6 +242,18 @@ def test_bad_window_is_refused_by_the_config(window):
         GPTConfig(sliding_window=window)
     with pytest.raises(ValueError, match=r"BlockConfig: sliding_window"):
         BlockConfig(sliding_window=window)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"n_experts": 0}, r"GPTConfig: n_experts must be a positive int, got 0"),
+    ({"top_k": 3, "n_experts": 2}, r"GPTConfig: top_k=3 experts per token cannot exceed "
+                                   r"n_experts=2"),
+    ({"routing": "softmax"}, r"GPTConfig: routing must be one of \('renormalised', "),
+    ({"ffn": "experts"}, r"GPTConfig: ffn must be one of \('mlp', 'swiglu', 'moe'\)"),
+])
+def test_bad_moe_settings_are_refused_by_the_config(changes, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**changes)
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])

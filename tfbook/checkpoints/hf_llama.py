@@ -32,11 +32,12 @@ HF_TO_TFBOOK: dict[str, str] = {
     "model.layers.{i}.mlp.gate_proj.weight": "blocks.{i}.ff.fc_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blocks.{i}.ff.fc_in.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blocks.{i}.ff.fc_out.weight",
+    "model.layers.{i}.mlp.gate.weight": "blocks.{i}.ff.router.weight",  # Mixtral's router
     "model.norm.weight": "norm_f.weight",
     "lm_head.weight": "lm_head.weight",  # the same tensor as the embedding when tied
 }
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen3")  # the families config_from_hf_llama reads
+HF_MODEL_TYPES = ("llama", "mistral", "qwen3", "mixtral")  # the families config_from_hf_llama reads
 
 
 def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfig:
@@ -56,8 +57,11 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
                          f"head_dim={head_dim}")
     if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
         raise ValueError("expected a model without biases (attention_bias=mlp_bias=False)")
-    window = None
-    if model_type == "mistral":
+    window, experts = None, {}
+    if model_type == "mixtral":
+        experts = dict(n_experts=hf_config.num_local_experts,
+                       top_k=hf_config.num_experts_per_tok)
+    if model_type in ("mistral", "mixtral"):
         window = hf_config.sliding_window
     elif model_type == "qwen3" and getattr(hf_config, "use_sliding_window", False):
         raise ValueError("Qwen3 with use_sliding_window=True (windows in some layers only) "
@@ -70,7 +74,33 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
         d_ff=hf_config.intermediate_size, rope_base=float(base), norm_eps=hf_config.rms_norm_eps,
         tie_weights=bool(hf_config.tie_word_embeddings), rope_convention="half",
         rope_precision="float32", qk_norm=model_type == "qwen3", sliding_window=window,
+        **experts,
     )
+
+
+def split_hf_experts(
+    hf_state: dict[str, Tensor],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(the other HF tensors, Mixtral's experts under tfbook's names): the experts are stored
+    fused per layer (gate_up_proj (E, 2F, C) = [W_gate; W_1] of every expert, down_proj
+    (E, C, F)); tfbook holds one SwiGLU per expert."""
+    rest, out = {}, {}
+    for name, tensor in hf_state.items():
+        prefix, _, kind = name.rpartition(".mlp.experts.")
+        if not prefix:
+            rest[name] = tensor
+            continue
+        layer = prefix.rsplit(".", 1)[-1]
+        for e, weight in enumerate(tensor):
+            ff = f"blocks.{layer}.ff.experts.{e}"
+            if kind == "gate_up_proj":
+                gate, value = weight.chunk(2, dim=0)  # (F, C) each
+                out[f"{ff}.fc_gate.weight"], out[f"{ff}.fc_in.weight"] = gate, value
+            elif kind == "down_proj":
+                out[f"{ff}.fc_out.weight"] = weight
+            else:
+                raise ValueError(f"an expert tensor the converter does not know: {name}")
+    return rest, out
 
 
 def rename_hf_llama(hf_state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
@@ -94,7 +124,8 @@ def tfbook_from_hf_llama(
     config = replace(config_from_hf_llama(hf_model.config), attention=attention,
                      fused_activation=fused_activation)
     model = GPT(config).eval()
-    state = rename_hf_llama(dict(hf_model.state_dict()), config.n_layers)
+    rest, experts = split_hf_experts(dict(hf_model.state_dict()))
+    state = {**rename_hf_llama(rest, config.n_layers), **experts}
     if config.tie_weights:
         state.pop("lm_head.weight", None)  # tied: the embedding is the head
         missing, unexpected = model.load_state_dict(state, strict=False)
