@@ -35,6 +35,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from tests.pinned_threads import THREAD_COUNTS, pinned_threads
 from tfbook.blocks import BlockConfig
 from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama
+from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import llama_config, mistral_7b, mixtral_8x7b, qwen3_8b, tiny_llama
 from tfbook.moe import MoEFeedForward, load_balancing_loss
@@ -155,6 +156,18 @@ def test_float64_cached_equals_uncached_and_hf(family, chunks, hf_norms_in_float
     if family != "mistral-w1":  # HF's window-1 cache keeps every key ([-0:]), then fails
         np.testing.assert_allclose(hf_decode_steps(hf, IDS, chunks).numpy(), cached.numpy(),
                                    rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral-w4", "mixtral"])
+def test_greedy_generation_equals_hf_cached_and_uncached(family, hf_norms_in_float64):
+    """tfbook's generate, through the family's cache and without one, picks HF's tokens."""
+    hf = FAMILIES[family]("sdpa").double()
+    ours = tfbook_from_hf_llama(hf, attention="reference").double()
+    ids = IDS[:, :6]
+    with torch.no_grad():
+        expected = hf.generate(ids, max_new_tokens=12, do_sample=False)
+    for use_cache in (True, False):
+        assert torch.equal(generate(ours, ids, 12, use_cache=use_cache).tokens, expected)
 
 
 @pytest.mark.parametrize("window", [1, 4, 6])
