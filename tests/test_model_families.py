@@ -158,6 +158,18 @@ def test_float64_cached_equals_uncached_and_hf(family, chunks, hf_norms_in_float
                                    rtol=0, atol=atol)
 
 
+@pytest.mark.parametrize("kernel", ["torch", "flash"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral-w4"])
+def test_every_attention_kernel_takes_the_window_and_qk_norm(family, kernel):
+    """The fused and tiled kernels, uncached and through the rolling cache, equal ours."""
+    hf = FAMILIES[family]("sdpa").double()
+    reference = logits_of(tfbook_from_hf_llama(hf, attention="reference").double(), IDS)
+    fast = tfbook_from_hf_llama(hf, attention=kernel).double()
+    atol = F64_RELATIVE * float(reference.abs().max())
+    for logits in (logits_of(fast, IDS), decode_steps(fast, IDS, CHUNKS[2])):
+        np.testing.assert_allclose(logits.numpy(), reference.numpy(), rtol=0, atol=atol)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "mistral-w4", "mixtral"])
 def test_greedy_generation_equals_hf_cached_and_uncached(family, hf_norms_in_float64):
     """tfbook's generate, through the family's cache and without one, picks HF's tokens."""
