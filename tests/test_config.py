@@ -30,7 +30,7 @@ BAD = [
     (GPTConfig, {"d_model": 30}, r"GPTConfig: d_model=30 is not divisible by n_heads=12"),
     (GPTConfig, {"n_kv_heads": 5}, r"GPTConfig: n_heads=12 is not a multiple of n_kv_heads=5"),
     (GPTConfig, {"norm": "batch"}, r"GPTConfig: norm must be one of \('layer', 'rms'\)"),
-    (GPTConfig, {"ffn": "moe"}, r"GPTConfig: ffn must be one of \('mlp', 'swiglu'\)"),
+    (GPTConfig, {"ffn": "moe_"}, r"GPTConfig: ffn must be one of \('mlp', 'swiglu', 'moe'\)"),
     (GPTConfig, {"position": "alibi"}, r"GPTConfig: position must be one of"),
     (GPTConfig, {"activation": "swish"}, r"GPTConfig: activation must be one of"),
     (GPTConfig, {"position": "rope", "rope_base": 0.5}, r"GPTConfig: RoPE needs rope_base > 1"),
@@ -57,6 +57,11 @@ BAD = [
     (GPTConfig, {"norm_eps": "1e-5"}, r"GPTConfig: norm_eps must be > 0, got '1e-5'"),
     (BertConfig, {"d_model": 30}, r"BertConfig: d_model=30 is not divisible by n_heads=12"),
     (TransformerConfig, {"d_ff": -1}, r"TransformerConfig: d_ff must be a positive int, got -1"),
+    # the family settings: QK-norm (Qwen3) and the sliding window (Mistral)
+    (GPTConfig, {"sliding_window": 0}, r"GPTConfig: sliding_window counts the positions a "
+                                       r"query sees \(itself included\).*got 0"),
+    (BlockConfig, {"sliding_window": 2.0}, r"BlockConfig: sliding_window .*got 2.0"),
+    (GPTConfig, {"qk_norm": 1}, r"GPTConfig: qk_norm must be True or False, got 1"),
 ]
 
 
@@ -94,7 +99,9 @@ SHARED = sorted(set(BLOCK_FIELDS) & {f.name for f in fields(GPTConfig)})
 OTHER_VALUE = {"d_model": 96, "n_heads": 16, "d_ff": 100, "dropout": 0.25, "activation": "relu",
                "norm_eps": 1e-3, "bias": False, "attention": "reference", "fused_norm": False,
                "fused_activation": False, "norm": "rms", "ffn": "swiglu", "n_kv_heads": 4,
-               "rope_base": 500.0, "rope_convention": "half", "rope_precision": "float32"}
+               "rope_base": 500.0, "rope_convention": "half", "rope_precision": "float32",
+               "qk_norm": True, "sliding_window": 8, "n_experts": 4, "top_k": 1,
+               "routing": "selected"}
 
 
 @pytest.mark.parametrize("field", SHARED)

@@ -8,7 +8,10 @@ Grouped-query attention (Ainslie et al. 2023) gives the H query heads only H_kv 
 heads, each shared by H / H_kv query heads (H_kv = 1 is multi-query attention, Shazeer 2019):
 fewer keys and values to compute and, above all, to keep in the cache. RoPE (Su et al.)
 rotates q and k inside attention, at their positions; a `KVCache` keeps the keys and values
-of earlier positions while generating.
+of earlier positions while generating. Two settings of today's open models live here too:
+QK-norm (Qwen3) gives each head's query and key an RMSNorm over its D features before RoPE,
+and a sliding window (Mistral) lets each query see only the last `sliding_window`
+positions, itself included (`tfbook.sliding_window`).
 
 Shape legend: B batch, T query positions, S key/value positions (S = T for self-attention
 without a cache), C model width, H heads, H_kv key/value heads, D = C / H head size.
@@ -25,9 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfbook.cache import LayerCache
-from tfbook.config import check_choice, check_positive, check_probability, is_number
+from tfbook.config import check_choice, check_positive, check_probability, is_int, is_number
 from tfbook.hooks import HookPoint
 from tfbook.masks import causal_mask, check_mask, combine_masks
+from tfbook.normalization import RMSNorm
 from tfbook.rope import (
     CONVENTIONS,
     PRECISIONS,
@@ -36,6 +40,7 @@ from tfbook.rope import (
     rope_cos_sin,
     rotate_planes,
 )
+from tfbook.sliding_window import sliding_window_mask
 
 
 def scaled_dot_product_attention(
@@ -97,6 +102,15 @@ def check_attention_settings(settings: Any, owner: str) -> None:
     if n_kv_heads is not None and n_heads % n_kv_heads != 0:
         raise ValueError(
             f"{owner}: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}"
+        )
+    qk_norm = getattr(settings, "qk_norm", False)
+    if not isinstance(qk_norm, bool):
+        raise ValueError(f"{owner}: qk_norm must be True or False, got {qk_norm!r}")
+    window = getattr(settings, "sliding_window", None)
+    if window is not None and (not is_int(window) or window < 1):
+        raise ValueError(
+            f"{owner}: sliding_window counts the positions a query sees (itself included): "
+            f"a positive int, or None for no window, got {window!r}"
         )
     base = settings.rope_base
     if base is not None and (not is_number(base) or not base > 1.0
@@ -184,13 +198,17 @@ class MultiHeadAttention(nn.Module):
         self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True,
         attention: str = "reference", n_kv_heads: int | None = None,
         rope_base: float | None = None, rope_convention: str = "interleaved",
-        rope_precision: str = "float64",
+        rope_precision: str = "float64", qk_norm: bool = False, norm_eps: float = 1e-6,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         check_attention_settings(SimpleNamespace(
             d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, dropout=dropout,
             attention=attention, rope_base=rope_base, rope_convention=rope_convention,
-            rope_precision=rope_precision), owner="MultiHeadAttention")
+            rope_precision=rope_precision, qk_norm=qk_norm, sliding_window=sliding_window),
+            owner="MultiHeadAttention")
+        if qk_norm and (not is_number(norm_eps) or not norm_eps > 0):
+            raise ValueError(f"MultiHeadAttention: norm_eps must be > 0, got {norm_eps!r}")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
@@ -207,12 +225,36 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # H_kv heads, not H
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
+        # QK-norm (Qwen3): one RMSNorm over the D features of every query head, one over every
+        # key head, before RoPE; None = no norm (and no parameters)
+        self.q_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None
+        # sliding window (Mistral): a query sees the last `sliding_window` positions only
+        self.sliding_window = sliding_window
         self.packed_qkv = None  # W_Q, W_K, W_V as one matrix: tfbook.packing (for decoding)
         # hook points (tfbook.hooks): q (B, H, T, D), k and v (B, H_kv, T, D) as projected,
         # before RoPE; weights (B, H, T, S); heads (B, H, T, D), each head's mix of values
         # before W_O; out (B, T, C), what the sub-layer adds to the residual stream
         self.q, self.k, self.v = HookPoint(), HookPoint(), HookPoint()
         self.weights, self.heads, self.out = HookPoint(), HookPoint(), HookPoint()
+
+    def window_mask(
+        self, mask: Tensor | None, T: int, S: int, device: torch.device
+    ) -> Tensor | None:
+        """`mask` with the sliding window added, for T queries that are the last T of S keys.
+
+        A cache that keeps only the window (`SlidingWindowKVCache`) returns fewer keys than
+        positions seen: a mask over every position seen (B, 1, 1, start + T) is cut to its
+        last S. Without a window, or when all S keys lie inside it, `mask` is returned as is.
+        """
+        if self.sliding_window is None:
+            return mask
+        if mask is not None and mask.size(-1) > S:
+            mask = mask[..., -S:]  # the positions the rolling cache still holds
+        if S <= self.sliding_window:
+            return mask  # no query is window or more positions after a key: causal suffices
+        window = sliding_window_mask(T, S, self.sliding_window, device=device)  # (T, S)
+        return combine_masks(window[None, None], mask)
 
     def split_heads(self, x: Tensor, n_heads: int | None = None) -> Tensor:
         """(B, T, n_heads * D) -> (B, n_heads, T, D): each head gets its own D-wide slice."""
@@ -281,9 +323,13 @@ class MultiHeadAttention(nn.Module):
             q = self.q_proj(x)
             k, v = (self.k_proj(x), self.v_proj(x)) if source is None else (None, None)
         q = self.q(self.split_heads(q))  # (B, H, T, D)
+        if self.q_norm is not None:
+            q = self.q_norm(q)  # QK-norm: each head's query scaled to unit RMS over D
         if source is None:  # self-attention: this step's keys and values, then the cache's
             k = self.k(self.split_heads(k, self.n_kv_heads))  # (B, H_kv, T, D)
             v = self.v(self.split_heads(v, self.n_kv_heads))  # (B, H_kv, T, D)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
             if self.rope_base is not None:
                 if rope_table is None:  # standalone: build the table for these positions
                     if positions is None:
@@ -297,6 +343,7 @@ class MultiHeadAttention(nn.Module):
                 k = rotate_planes(k, cos, sin, self.rope_convention)  # (B, H_kv, T, D)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, H_kv, S, D): every position so far
+            mask = self.window_mask(mask, T, k.size(-2), x.device)
         elif cache is not None and cache.cross is not None:
             k, v = cache.cross  # the source's keys and values, computed at the first step
         else:
@@ -307,6 +354,8 @@ class MultiHeadAttention(nn.Module):
                 )
             k = self.k(self.split_heads(self.k_proj(source), self.n_kv_heads))  # (B,H_kv,S,D)
             v = self.v(self.split_heads(self.v_proj(source), self.n_kv_heads))  # (B,H_kv,S,D)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
             if cache is not None:
                 cache.cross = (k, v)
         p = self.dropout if self.training else 0.0

@@ -16,7 +16,9 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
 
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
 key/value heads (grouped-query attention), RoPE inside attention (its base and pair
-convention) and the kernels; a Llama-style decoder is a GPT with another `BlockConfig`.
+convention), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of experts
+(ffn="moe", Mixtral) and the kernels;
+a Llama-style decoder is a GPT with another `BlockConfig`.
 It is the one source of block settings: every model config builds its own with
 `block_config_of`, which copies the fields of the same name and checks them in the model
 config's words.
@@ -35,6 +37,7 @@ from tfbook.cache import LayerCache
 from tfbook.config import check_bool, check_choice, check_positive, is_number
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.hooks import HookPoint
+from tfbook.moe import ROUTINGS, MoEFeedForward
 from tfbook.normalization import NORMS, make_norm
 
 
@@ -63,6 +66,13 @@ class BlockConfig:
     rope_base: float | None = None  # RoPE inside attention with this base; None = no RoPE
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
+    qk_norm: bool = False  # RMSNorm (eps norm_eps) on each query and key head before RoPE (Qwen3)
+    sliding_window: int | None = None  # positions a query sees, itself included (Mistral)
+    # ffn="moe" (Mixtral): n_experts SwiGLU experts of width d_ff, top_k of them per token,
+    # their weights by `routing` (tfbook.moe.ROUTINGS)
+    n_experts: int = 8
+    top_k: int = 2
+    routing: str = "renormalised"
 
     def __post_init__(self) -> None:
         check_block_settings(self, owner="BlockConfig")
@@ -73,10 +83,15 @@ class BlockConfig:
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias,
             attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
             rope_convention=self.rope_convention, rope_precision=self.rope_precision,
+            qk_norm=self.qk_norm, norm_eps=self.norm_eps, sliding_window=self.sliding_window,
         )
 
     def make_feed_forward(self) -> nn.Module:
         """The feed-forward sub-layer this config describes."""
+        if self.ffn == "moe":
+            return MoEFeedForward(self.d_model, self.d_ff, self.n_experts, self.top_k,
+                                  self.routing, self.activation, self.dropout, self.bias,
+                                  self.fused_activation)
         return make_ffn(self.ffn, self.d_model, self.d_ff, self.activation, self.dropout,
                         self.bias, self.fused_activation)
 
@@ -91,7 +106,12 @@ def check_block_settings(settings: Any, owner: str) -> None:
     check_positive(settings, "d_ff", owner=owner)
     check_choice(settings, "activation", ACTIVATIONS, owner=owner)
     check_choice(settings, "norm", NORMS, owner=owner)
-    check_choice(settings, "ffn", FFNS, owner=owner)
+    check_choice(settings, "ffn", FFN_CHOICES, owner=owner)
+    check_positive(settings, "n_experts", "top_k", owner=owner)
+    if settings.top_k > settings.n_experts:
+        raise ValueError(f"{owner}: top_k={settings.top_k} experts per token cannot exceed "
+                         f"n_experts={settings.n_experts}")
+    check_choice(settings, "routing", ROUTINGS, owner=owner)
     check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", owner=owner)
     if not is_number(settings.norm_eps) or not settings.norm_eps > 0:
         raise ValueError(f"{owner}: norm_eps must be > 0, got {settings.norm_eps!r}")
@@ -117,6 +137,8 @@ def block_config_of(config: Any, **settings: Any) -> BlockConfig:
     check_block_settings(SimpleNamespace(**{**defaults, **values}), owner=type(config).__name__)
     return BlockConfig(**values)
 
+
+FFN_CHOICES = (*FFNS, "moe")  # "moe": a mixture of SwiGLU experts (tfbook.moe)
 
 SubLayer = Callable[[Tensor], tuple[Tensor, Tensor | None]]  # h -> (output, attention weights)
 

@@ -1,4 +1,6 @@
-"""Any Hugging Face `LlamaForCausalLM` as a tfbook GPT, for parity tests and the chapters.
+"""Any Hugging Face `LlamaForCausalLM` as a tfbook GPT, for parity tests and the chapters;
+also its relatives `Qwen3ForCausalLM` (QK-norm) and `MistralForCausalLM` (sliding window),
+which keep Llama's names and add one setting each.
 
 Hugging Face's port of LLaMA keeps the rows of W_Q and W_K permuted so that RoPE rotates the
 two halves of each head (features i and i + D/2), and computes the rotary angles in float32.
@@ -24,13 +26,18 @@ HF_TO_TFBOOK: dict[str, str] = {
     "model.layers.{i}.self_attn.k_proj.weight": "blocks.{i}.attn.k_proj.weight",
     "model.layers.{i}.self_attn.v_proj.weight": "blocks.{i}.attn.v_proj.weight",
     "model.layers.{i}.self_attn.o_proj.weight": "blocks.{i}.attn.out_proj.weight",
+    "model.layers.{i}.self_attn.q_norm.weight": "blocks.{i}.attn.q_norm.weight",  # Qwen3
+    "model.layers.{i}.self_attn.k_norm.weight": "blocks.{i}.attn.k_norm.weight",  # Qwen3
     "model.layers.{i}.post_attention_layernorm.weight": "blocks.{i}.norm2.weight",
     "model.layers.{i}.mlp.gate_proj.weight": "blocks.{i}.ff.fc_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blocks.{i}.ff.fc_in.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blocks.{i}.ff.fc_out.weight",
+    "model.layers.{i}.mlp.gate.weight": "blocks.{i}.ff.router.weight",  # Mixtral's router
     "model.norm.weight": "norm_f.weight",
     "lm_head.weight": "lm_head.weight",  # the same tensor as the embedding when tied
 }
+
+HF_MODEL_TYPES = ("llama", "mistral", "qwen3", "mixtral")  # the families config_from_hf_llama reads
 
 
 def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfig:
@@ -39,6 +46,26 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
     base = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"only plain RoPE is supported, got rope_type={rope.get('rope_type')!r}")
+    model_type = getattr(hf_config, "model_type", "llama")
+    if model_type not in HF_MODEL_TYPES:
+        raise ValueError(f"expected a config of model_type in {HF_MODEL_TYPES}, got "
+                         f"{model_type!r}")
+    head_dim = getattr(hf_config, "head_dim", None)
+    width_per_head = hf_config.hidden_size // hf_config.num_attention_heads
+    if head_dim is not None and head_dim != width_per_head:
+        raise ValueError(f"GPTConfig's head size is d_model / n_heads = {width_per_head}, got "
+                         f"head_dim={head_dim}")
+    if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
+        raise ValueError("expected a model without biases (attention_bias=mlp_bias=False)")
+    window, experts = None, {}
+    if model_type == "mixtral":
+        experts = dict(n_experts=hf_config.num_local_experts,
+                       top_k=hf_config.num_experts_per_tok)
+    if model_type in ("mistral", "mixtral"):
+        window = hf_config.sliding_window
+    elif model_type == "qwen3" and getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("Qwen3 with use_sliding_window=True (windows in some layers only) "
+                         "is not supported: one window serves every block here")
     return llama_config(
         vocab_size=hf_config.vocab_size,
         max_len=max_len or hf_config.max_position_embeddings,
@@ -46,8 +73,34 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
         n_heads=hf_config.num_attention_heads, n_kv_heads=hf_config.num_key_value_heads,
         d_ff=hf_config.intermediate_size, rope_base=float(base), norm_eps=hf_config.rms_norm_eps,
         tie_weights=bool(hf_config.tie_word_embeddings), rope_convention="half",
-        rope_precision="float32",
+        rope_precision="float32", qk_norm=model_type == "qwen3", sliding_window=window,
+        **experts,
     )
+
+
+def split_hf_experts(
+    hf_state: dict[str, Tensor],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(the other HF tensors, Mixtral's experts under tfbook's names): the experts are stored
+    fused per layer (gate_up_proj (E, 2F, C) = [W_gate; W_1] of every expert, down_proj
+    (E, C, F)); tfbook holds one SwiGLU per expert."""
+    rest, out = {}, {}
+    for name, tensor in hf_state.items():
+        prefix, _, kind = name.rpartition(".mlp.experts.")
+        if not prefix:
+            rest[name] = tensor
+            continue
+        layer = prefix.rsplit(".", 1)[-1]
+        for e, weight in enumerate(tensor):
+            ff = f"blocks.{layer}.ff.experts.{e}"
+            if kind == "gate_up_proj":
+                gate, value = weight.chunk(2, dim=0)  # (F, C) each
+                out[f"{ff}.fc_gate.weight"], out[f"{ff}.fc_in.weight"] = gate, value
+            elif kind == "down_proj":
+                out[f"{ff}.fc_out.weight"] = weight
+            else:
+                raise ValueError(f"an expert tensor the converter does not know: {name}")
+    return rest, out
 
 
 def rename_hf_llama(hf_state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
@@ -71,7 +124,8 @@ def tfbook_from_hf_llama(
     config = replace(config_from_hf_llama(hf_model.config), attention=attention,
                      fused_activation=fused_activation)
     model = GPT(config).eval()
-    state = rename_hf_llama(dict(hf_model.state_dict()), config.n_layers)
+    rest, experts = split_hf_experts(dict(hf_model.state_dict()))
+    state = {**rename_hf_llama(rest, config.n_layers), **experts}
     if config.tie_weights:
         state.pop("lm_head.weight", None)  # tied: the embedding is the head
         missing, unexpected = model.load_state_dict(state, strict=False)

@@ -25,6 +25,7 @@ from tfbook.masks import padding_mask
 from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
 from tfbook.rope import rope_cos_sin
+from tfbook.sliding_window import SlidingWindowKVCache
 
 POSITIONS = ("learned", "rope")
 
@@ -48,12 +49,17 @@ class GPTConfig:
     fused_activation: bool = True  # torch's one-kernel activation (False: ours)
     norm: str = "layer"  # "layer" (GPT-2) or "rms" (Llama)
     norm_eps: float = 1e-5  # epsilon inside every norm
-    ffn: str = "mlp"  # "mlp" (GPT-2) or "swiglu" (Llama)
+    ffn: str = "mlp"  # "mlp" (GPT-2), "swiglu" (Llama) or "moe" (Mixtral)
     n_kv_heads: int | None = None  # H_kv key/value heads; None = H (GPT-2)
     position: str = "learned"  # "learned" (added to the embeddings) or "rope" (in attention)
     rope_base: float = 10000.0  # RoPE's base, used when position == "rope"
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
+    qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3)
+    sliding_window: int | None = None  # positions a query sees, itself included (Mistral)
+    n_experts: int = 8  # ffn="moe": SwiGLU experts per block (Mixtral)
+    top_k: int = 2  # ffn="moe": experts each token is sent to
+    routing: str = "renormalised"  # ffn="moe": how the k experts' weights are formed
 
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
@@ -107,7 +113,8 @@ class GPT(nn.Module):
         # GPT-2 (section 2.3): the layers that write into the residual stream start smaller,
         # std 0.02 / sqrt(2N), so that the sum of 2N contributions keeps a steady size
         for block in self.blocks:
-            for proj in (block.attn.out_proj, block.ff.fc_out):
+            experts = getattr(block.ff, "experts", [block.ff])  # ffn="moe": each expert
+            for proj in (block.attn.out_proj, *(expert.fc_out for expert in experts)):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
 
     def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
@@ -120,7 +127,10 @@ class GPT(nn.Module):
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
-        `max_len` positions (default: the whole context; generate asks for what it needs)."""
+        `max_len` positions (default: the whole context; generate asks for what it needs).
+        With a sliding window, each layer keeps only the last window - 1 positions instead."""
+        if self.config.sliding_window is not None:
+            return SlidingWindowKVCache(self.config.n_layers, self.config.sliding_window)
         return KVCache(self.config.n_layers, max_len or self.config.max_len)
 
     def forward(

@@ -8,6 +8,12 @@ From GPT-2 to Llama, one change at a time, each a field of `GPTConfig`:
     H key/value heads    -> H_kv < H (grouped-query)        n_kv_heads
     biases everywhere    -> no biases                       bias=False
 
+Two later families are one more field each:
+
+    Qwen3: RMSNorm on each query and key head before RoPE     qk_norm=True
+    Mistral: each query sees the last W positions only        sliding_window=W
+    Mixtral: each token goes to top_k of n_experts SwiGLUs     ffn="moe", n_experts, top_k
+
 SmolLM2-135M (Allal et al. 2025) is such a model: 30 blocks of width 576, 9 query heads
 sharing 3 key/value heads, a 49,152-token vocabulary and the embedding tied to the output.
 """
@@ -19,14 +25,18 @@ def llama_config(
     vocab_size: int, max_len: int, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int,
     d_ff: int, rope_base: float = 10000.0, norm_eps: float = 1e-5, tie_weights: bool = True,
     rope_convention: str = "interleaved", rope_precision: str = "float64",
+    qk_norm: bool = False, sliding_window: int | None = None, n_experts: int | None = None,
+    top_k: int = 2,
 ) -> GPTConfig:
     """The GPTConfig of a Llama-style decoder: RMSNorm, SwiGLU, RoPE, grouped heads, no bias."""
     return GPTConfig(
         vocab_size=vocab_size, max_len=max_len, n_layers=n_layers, d_model=d_model,
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff, dropout=0.0, activation="silu",
-        bias=False, tie_weights=tie_weights, norm="rms", norm_eps=norm_eps, ffn="swiglu",
+        bias=False, tie_weights=tie_weights, norm="rms", norm_eps=norm_eps,
+        ffn="swiglu" if n_experts is None else "moe",
+        n_experts=8 if n_experts is None else n_experts, top_k=top_k,
         position="rope", rope_base=rope_base, rope_convention=rope_convention,
-        rope_precision=rope_precision,
+        rope_precision=rope_precision, qk_norm=qk_norm, sliding_window=sliding_window,
     )
 
 
@@ -42,4 +52,38 @@ def tiny_llama() -> GPTConfig:
     """A toy Llama-style decoder for tests: 2 blocks, 4 query heads sharing 2 key/value heads."""
     return llama_config(
         vocab_size=256, max_len=64, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=96,
+    )
+
+
+def qwen3_8b() -> GPTConfig:
+    """Qwen3-8B's shapes (Qwen team 2025, the released config.json): QK-norm, 36 blocks of
+    width 4096, 32 query heads of size 128 sharing 8 key/value heads, untied output.
+
+    Smaller Qwen3 models use a head size of 128 that is not width / heads, which GPTConfig
+    (D = C / H) cannot express; Qwen3-8B's is exactly 4096 / 32.
+    """
+    return llama_config(
+        vocab_size=151936, max_len=40960, n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8,
+        d_ff=12288, rope_base=1000000.0, norm_eps=1e-6, tie_weights=False, qk_norm=True,
+        rope_convention="half", rope_precision="float32",
+    )
+
+
+def mistral_7b() -> GPTConfig:
+    """Mistral-7B-v0.1's shapes (Jiang et al. 2023): a sliding window of 4,096 positions,
+    32 blocks of width 4096, 32 query heads sharing 8 key/value heads, untied output."""
+    return llama_config(
+        vocab_size=32000, max_len=32768, n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8,
+        d_ff=14336, rope_base=10000.0, norm_eps=1e-5, tie_weights=False, sliding_window=4096,
+        rope_convention="half", rope_precision="float32",
+    )
+
+
+def mixtral_8x7b() -> GPTConfig:
+    """Mixtral-8x7B's shapes (Jiang et al. 2024): Mistral-7B's blocks with 8 SwiGLU experts
+    per block, 2 per token; no sliding window in the released config."""
+    return llama_config(
+        vocab_size=32000, max_len=32768, n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8,
+        d_ff=14336, rope_base=1000000.0, norm_eps=1e-5, tie_weights=False, n_experts=8,
+        top_k=2, rope_convention="half", rope_precision="float32",
     )

@@ -35,6 +35,22 @@ def describe_model(model: nn.Module) -> dict[str, Any]:
     return {"class": type(model).__name__, "config": json.loads(json.dumps(fields))}
 
 
+def with_new_defaults(found: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """A stored model description with the config fields it lacks set to their defaults.
+
+    A config field added later (such as GPTConfig's qk_norm or sliding_window) has a default
+    that keeps the models built before it unchanged; a checkpoint written before the field
+    existed describes such a model, so it is read as holding the default.
+    """
+    config = getattr(model, "config", None)
+    stored = found.get("config") if isinstance(found, dict) else None
+    if not dataclasses.is_dataclass(config) or not isinstance(stored, dict):
+        return found
+    defaults = {f.name: f.default for f in dataclasses.fields(config)
+                if f.default is not dataclasses.MISSING and f.name not in stored}
+    return {**found, "config": {**stored, **json.loads(json.dumps(defaults))}}
+
+
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """AdamW's state as flat tensors 'state.<param index>.<name>' plus its JSON settings."""
     saved = optimizer.state_dict()
@@ -205,7 +221,7 @@ def load_checkpoint(
     _check_objects(directory, model, optimizer)
     directory = Path(directory)
     info = _read_state(directory)
-    expected, found = describe_model(model), info["model"]
+    expected, found = describe_model(model), with_new_defaults(info["model"], model)
     if expected != found:
         raise ValueError(
             f"the checkpoint in {directory} is of another model: it holds {found['class']} "
