@@ -42,7 +42,7 @@ FREQUENCY, FREQUENCY_PROMPTS, FREQUENCY_TOKENS = [0.1, 0.3, 1.0], 2, 200  # exer
 
 def continue_prompts(gpt, prompts: list[list[int]], n: int, **settings) -> list[list[int]]:
     """The new token ids of each prompt, as the chapter's generate calls write them."""
-    run = generate(gpt, prompts, n, sliding_window=True,
+    run = generate(gpt, prompts, n, slide_context=True,
                    generator=torch.Generator().manual_seed(0), **settings)
     return run.new_tokens.tolist()
 

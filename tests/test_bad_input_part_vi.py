@@ -126,7 +126,7 @@ def test_generate_refuses_bad_end_ids_and_flags(model):
     for bad in ("3", None, 2.5, torch.tensor([1.0])):
         with pytest.raises(TypeError, match="end_ids must be an int token id or a sequence"):
             generate(model, [[1, 2]], 2, end_ids=bad)
-    for name in ("use_cache", "keep_logits", "sliding_window"):
+    for name in ("use_cache", "keep_logits", "slide_context"):
         for bad in (1, "yes", None):
             with pytest.raises(TypeError, match=rf"{name} must be True or False, got {bad!r}"):
                 generate(model, [[1, 2]], 2, **{name: bad})

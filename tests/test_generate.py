@@ -278,19 +278,19 @@ def test_bad_models_and_settings_are_refused(model):
 # ---------------------------------------------------------------- past the context
 
 
-def test_sliding_window_is_the_plain_loop_inside_the_context(model):
+def test_slide_context_is_the_plain_loop_inside_the_context(model):
     prompts = [[5, 6, 7, 8], [9]]
     plain = generate(model, prompts, 20, keep_logits=True)
     assert_clear_argmax(plain.logits)
-    slid = generate(model, prompts, 20, sliding_window=True)
+    slid = generate(model, prompts, 20, slide_context=True)
     assert torch.equal(slid.tokens, plain.tokens)
 
 
-def test_sliding_window_reads_the_last_max_len_tokens(model):
+def test_slide_context_reads_the_last_max_len_tokens(model):
     """Past the context, each step is the model on the last max_len tokens, positions from 0."""
     L = model.config.max_len
     prompt = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
-    out = generate(model, prompt, L + 15, sliding_window=True, keep_logits=True)
+    out = generate(model, prompt, L + 15, slide_context=True, keep_logits=True)
     assert out.new_tokens.size(1) == L + 15  # longer than the context
     for t in (L - 5, L + 3, L + 24):  # a step inside, just past and well past the context
         window = out.tokens[:, max(0, t - L) : t]  # (1, <= L) what step t reads
@@ -299,8 +299,8 @@ def test_sliding_window_reads_the_last_max_len_tokens(model):
         assert (out.logits[t - 10] - expected).abs().max() <= ROUNDING
     with pytest.raises(ValueError, match=r"needs .* more than the model's context"):
         generate(model, prompt, L)  # without the window the request is refused
-    with pytest.raises(TypeError, match="sliding_window must be True or False, got 1"):
-        generate(model, prompt, 3, sliding_window=1)
+    with pytest.raises(TypeError, match="slide_context must be True or False, got 1"):
+        generate(model, prompt, 3, slide_context=1)
 
 
 def test_a_sampler_hook_replaces_the_sampling_settings(model):

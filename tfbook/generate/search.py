@@ -294,7 +294,7 @@ def generate(
     presence_penalty: float = 0.0,
     stop_strings: str | Sequence[str] = (),
     tokenizer: object = None,
-    sliding_window: bool = False,
+    slide_context: bool = False,
     sampler: Callable[[Tensor], Tensor] | None = None,
 ) -> Generation:
     """Continue each prompt by up to `max_new_tokens` tokens.
@@ -309,7 +309,7 @@ def generate(
     A row stops at any of `end_ids` (the end token is kept; `pad_id` follows) or when its
     text completes one of `stop_strings` (decoded with `tokenizer`); the loop stops when
     every row has. use_cache=False recomputes the whole sequence at each step (the same
-    tokens, slower: the KV-cache chapter measures it). sliding_window=True lets a text grow
+    tokens, slower: the KV-cache chapter measures it). slide_context=True lets a text grow
     past the model's context: each step reads only the last max_len tokens (recomputed, no
     cache, positions counted from the window's start). `memory` (B, S, C) makes it the
     decoder of an encoder-decoder (then `prompts` is the decoder's start).
@@ -317,23 +317,23 @@ def generate(
     tokens, replaces temperature, top-k, top-p and min-p (leave those at their defaults): the
     page's sampler (`tfbook.widgets.sampling`) rides on this loop that way.
     """
-    for name, flag in (("sliding_window", sliding_window), ("use_cache", use_cache),
+    for name, flag in (("slide_context", slide_context), ("use_cache", use_cache),
                        ("keep_logits", keep_logits)):
         if flag is not True and flag is not False:
             raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if sliding_window and memory is not None:
-        raise ValueError("sliding_window is for decoder-only models; an encoder-decoder's "
-                         "decoder (memory=) gets no sliding window")
-    use_cache = use_cache and not sliding_window
+    if slide_context and memory is not None:
+        raise ValueError("slide_context is for decoder-only models; an encoder-decoder's "
+                         "decoder (memory=) cannot slide its context")
+    use_cache = use_cache and not slide_context
     check_model(model, memory, use_cache, "generate")
     V = model_vocab_size(model)
     ids, mask = prompt_batch(prompts, attention_mask, pad_id, V)
     ids, mask = ids.to(next(model.parameters()).device), mask.to(ids.device)
     end_ids = as_end_ids(end_ids)
     max_len = model.config.max_len
-    check_request(min(ids.size(1), max_len - 1) if sliding_window else ids.size(1),
-                  1 if sliding_window else max_new_tokens, max_len, end_ids, V)
-    if sliding_window and (isinstance(max_new_tokens, bool) or not is_int(max_new_tokens)
+    check_request(min(ids.size(1), max_len - 1) if slide_context else ids.size(1),
+                  1 if slide_context else max_new_tokens, max_len, end_ids, V)
+    if slide_context and (isinstance(max_new_tokens, bool) or not is_int(max_new_tokens)
                            or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p, min_p, repetition_penalty, frequency_penalty,
@@ -356,7 +356,7 @@ def generate(
     step_ids, step_positions = ids, positions_from_mask(mask)  # the prefill: all of the prompt
     step_mask = mask
     for _ in range(max_new_tokens):
-        if sliding_window:  # the last max_len tokens, positions from the window's start
+        if slide_context:  # the last max_len tokens, positions from the window's start
             step_ids, step_mask = ids[:, -max_len:], mask[:, -max_len:].clone()
             step_mask[:, -1] |= ~step_mask.any(dim=1)  # a finished row's window of padding
             step_positions = positions_from_mask(step_mask)
