@@ -18,6 +18,7 @@ from tfbook.families import (
     cached_positions,
     gpt_config,
     hf_config,
+    hf_mla_output,
     hf_on_meta,
     kv_bytes_per_token,
     kv_cache_bytes,
@@ -247,3 +248,22 @@ def test_tiny_hf_family_loads_into_the_one_block(family):
     assert (got - expected).abs().max() <= 2.0**-16 * expected.abs().max()
     assert ours.config.qk_norm == (family == "qwen3")
     assert ours.config.sliding_window == (4 if family == "mistral" else None)
+
+
+def test_hf_mla_output_is_deepseek_v3_attention_with_our_weights():
+    torch.manual_seed(0)
+    mla = MultiHeadLatentAttention(32, 4, kv_lora_rank=12, qk_nope_head_dim=8,
+                                   qk_rope_head_dim=4, v_head_dim=6, q_lora_rank=16,
+                                   rope_precision="float32").eval()
+    with torch.no_grad():
+        for p in mla.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 2 else 1.0))
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = mla(x)[0]
+    theirs = hf_mla_output(mla, x)
+    assert (ours - theirs).abs().max() <= 2.0**-16 * theirs.abs().max()
+    with pytest.raises(TypeError, match="mla must be a MultiHeadLatentAttention"):
+        hf_mla_output(torch.nn.Linear(2, 2), x)
+    with pytest.raises(ValueError, match=r"x must be a tensor \(B, T, C\)"):
+        hf_mla_output(mla, x[0])

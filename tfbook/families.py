@@ -434,3 +434,39 @@ def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: i
             if "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn_like(p))
     return hf.eval()
+
+
+def hf_mla_output(mla: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's `DeepseekV3Attention` holding the weights of a tfbook
+    `MultiHeadLatentAttention` (the same names), run causally on x (B, T, C) at positions
+    0..T-1 with its eager kernel and its own rotary table: its output (B, T, C)."""
+    import transformers
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
+
+    from tfbook.mla import MultiHeadLatentAttention
+
+    if not isinstance(mla, MultiHeadLatentAttention):
+        raise TypeError(f"mla must be a MultiHeadLatentAttention, got {type(mla).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"x must be a tensor (B, T, C), got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    C = mla.kv_a_proj_with_mqa.in_features
+    config = transformers.DeepseekV3Config(
+        hidden_size=C, num_attention_heads=mla.n_heads, num_key_value_heads=mla.n_heads,
+        q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+        qk_nope_head_dim=mla.qk_nope_head_dim, qk_rope_head_dim=mla.qk_rope_head_dim,
+        v_head_dim=mla.v_head_dim, rope_interleave=mla.rope_convention == "interleaved",
+        attention_bias=mla.o_proj.bias is not None, rms_norm_eps=mla.kv_a_layernorm.eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(mla.rope_base)})
+    config._attn_implementation = "eager"
+    hf = DeepseekV3Attention(config, layer_idx=0).to(x.dtype).eval()
+    hf.load_state_dict(mla.state_dict())  # strict: every name must match
+    B, T, _ = x.size()
+    positions = torch.arange(T)[None].expand(B, T)  # (B, T)
+    cos, sin = DeepseekV3RotaryEmbedding(config)(x, positions)
+    mask = torch.full((T, T), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None]
+    with torch.no_grad():
+        return hf(x, (cos, sin), mask)[0]
