@@ -249,6 +249,58 @@ def _generation() -> list[Figure]:
             ("generation/modern_decoder", "GQA head split", gqa)]
 
 
+def _families() -> list[Figure]:
+    from tfbook.attention import MultiHeadAttention
+    from tfbook.diagrams.families import (
+        mla_figure,
+        moe_figure,
+        qk_norm_figure,
+        rope_scaling_figure,
+        sliding_window_figure,
+    )
+    from tfbook.mla import MultiHeadLatentAttention
+    from tfbook.moe import MoEFeedForward
+
+    page = "generation/model_families"
+
+    def window() -> Diagram:
+        return sliding_window_figure(8, 3)
+
+    def qk_norm() -> Diagram:
+        torch.manual_seed(0)
+        attn = MultiHeadAttention(32, 4, n_kv_heads=2, bias=False, rope_base=10000.0,
+                                  qk_norm=True).eval()
+        return qk_norm_figure(attn, torch.randn(1, 5, 32))
+
+    def moe() -> Diagram:
+        tok = gpt2()
+        ids = tok.encode("The cat sat on the mat.")
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(tok.vocab_size, 32)
+        layer = MoEFeedForward(32, 64, n_experts=8, top_k=2).eval()
+        with torch.no_grad():
+            x = emb(torch.tensor([ids]))
+        return moe_figure(layer, x, [tok.decode([i]) for i in ids])
+
+    def mla() -> Diagram:
+        torch.manual_seed(0)
+        layer = MultiHeadLatentAttention(64, 4, kv_lora_rank=16, qk_nope_head_dim=16,
+                                         qk_rope_head_dim=8, v_head_dim=16).eval()
+        return mla_figure(layer, torch.randn(1, 6, 64), n_kv_heads=2)
+
+    def rope_scaling() -> Diagram:
+        L = {"original_max_position_embeddings": 8192}
+        return rope_scaling_figure(64, 500000.0, {
+            "linear ×8": {"rope_type": "linear", "factor": 8.0},
+            "YaRN ×8": {"rope_type": "yarn", "factor": 8.0, **L},
+            "Llama 3 ×8": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, **L}})
+
+    return [(page, "sliding window", window), (page, "QK-norm", qk_norm),
+            (page, "mixture of experts", moe), (page, "latent attention", mla),
+            (page, "RoPE scaling", rope_scaling)]
+
+
 def _fast() -> list[Figure]:
     from tfbook.diagrams import TileCall, flash_tiles, running_softmax
     from tfbook.flash import online_softmax_steps
@@ -354,8 +406,8 @@ def _posttrain() -> list[Figure]:
 
 def figures() -> list[Figure]:
     """(page, name, a function drawing it) of every diagram, in the book's order."""
-    return _intro() + _text() + _attention() + _architectures() + _generation() + _fast() \
-        + _learning() + _inside() + _posttrain()
+    return _intro() + _text() + _attention() + _architectures() + _generation() \
+        + _families() + _fast() + _learning() + _inside() + _posttrain()
 
 
 def page(drawn: list[tuple[str, str, Diagram]]) -> str:

@@ -25,10 +25,12 @@ def drawn() -> dict[str, object]:
 
 def test_the_gallery_holds_every_diagram_of_the_book() -> None:
     """Parts I-VI's 27 diagrams (the speculative-decoding and Q4_1 figures are their chapters',
-    drawn and tested there), Part VII's two inside the model and its two after pre-training
-    (the assistant mask, DPO's pair of policies): 31, each with a name of its own."""
+    drawn and tested there), the model families chapter's five (sliding window, QK-norm,
+    mixture of experts, latent attention, RoPE scaling), Part VII's two inside the model and
+    its two after pre-training (the assistant mask, DPO's pair of policies): 36, each with a
+    name of its own."""
     names = [name for _, name, _ in FIGURES]
-    assert len(names) == len(set(names)) == 31
+    assert len(names) == len(set(names)) == 36
 
 
 @pytest.mark.parametrize("name", [name for _, name, _ in FIGURES])

@@ -47,6 +47,13 @@ How to draw a diagram (the API later chapters use):
 from tfbook.diagrams.backward import attention_backward_graph, trace_attention_backward
 from tfbook.diagrams.dataflow import Dataflow, Recorder, check_edges, dataflow
 from tfbook.diagrams.diagram import Diagram
+from tfbook.diagrams.families import (
+    mla_figure,
+    moe_figure,
+    qk_norm_figure,
+    rope_scaling_figure,
+    sliding_window_figure,
+)
 from tfbook.diagrams.figures import (
     attention_path,
     block,
@@ -95,4 +102,5 @@ __all__ = [
     "TileCall", "flash_tiles", "running_softmax", "Dataflow", "Recorder", "check_edges",
     "dataflow", "rope_relative",
     "hook_point_marks", "patching_setup",
+    "mla_figure", "moe_figure", "qk_norm_figure", "rope_scaling_figure", "sliding_window_figure",
 ]
