@@ -5,6 +5,7 @@ bytes, measured side by side in one run (issue 26), for the chapter book/generat
                                              # bench/results/families.json and (for the chapter)
                                              # book/generation/data/families_speed.json
     python bench/bench_families.py --quick   # two rounds of everything, nothing written
+    python bench/bench_families.py --threads 2   # torch on two threads (default one)
 
 Each variant is built tiny but not trivial (4 layers, width 256, 8 heads of 32, 2 key/value
 heads, vocabulary 4096, a 256-token prompt) as a Hugging Face model first; tfbook's copy holds
@@ -18,6 +19,9 @@ timing:
   against HF's DynamicSlidingWindowLayer);
 - "mixtral": MixtralForCausalLM, 8 SwiGLU experts, 2 per token (ffn="moe"), with HF's default
   experts implementation;
+- "llama_rope_scaling": LlamaForCausalLM with Llama 3.1's RoPE scaling ("llama3", 4x past an
+  original context of 128), GPTConfig.rope_scaling; only where tfbook has that setting (else
+  the reason is stored under "skipped");
 - "mla": multi-head latent attention at the attention level: 4 layers x <- x + attn(x) of
   tfbook.mla.MultiHeadLatentAttention against HF's DeepseekV3Attention (the same state dict),
   HF's rotary table computed once per call as its model does. tfbook's naive form is the
@@ -26,14 +30,16 @@ timing:
 
 Measured for each: one forward over the prompt (prefill; every position's logits on both
 sides), and cached greedy decoding one token per step (per-token time); the speed ratio is HF
-time / tfbook time in the same round (above 1: tfbook faster), median over rounds. Then the
-bytes the live caches hold after the prompt and the decoded tokens: tfbook's
+CPU time / tfbook CPU time in the same round (above 1: tfbook faster), median over rounds.
+Then the bytes the live caches hold after the prompt and the decoded tokens: tfbook's
 `memory_bytes()` and the tensors of HF's DynamicCache, per token for multi-head (8 key/value
 heads), grouped-query (2) and latent attention at the same width, beside
 `tfbook.mla.kv_cache_bytes_per_token`.
 
-Protocol (bench_decode.py's): float32, batch 1, tfbook attention="torch" and HF
-attn_implementation="sdpa", torch.set_num_threads(THREADS), OMP_WAIT_POLICY=PASSIVE; the
+Protocol (bench_decode.py's, on one thread): float32, batch 1, tfbook attention="torch" and HF
+attn_implementation="sdpa", torch.set_num_threads(1) (`--threads N` for another count; on one
+thread the CPU time is the running time, whatever else the machine runs, where the wall-clock
+time of a 2-core machine shared by busy processes is not), OMP_WAIT_POLICY=PASSIVE; the
 candidates take turns inside every round (in reverse order every other round) after a
 warm-up round, so a burst of load from another process slows both alike; wall-clock and
 process CPU times are both kept. Absolute times depend on the machine and its load (the
@@ -50,6 +56,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from dataclasses import fields  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -62,8 +69,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_model import machine  # noqa: E402
 
-from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama  # noqa: E402
+from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama  # noqa: E402
 from tfbook.mla import LatentCache, MultiHeadLatentAttention, kv_cache_bytes_per_token  # noqa: E402
+from tfbook.models.gpt import GPTConfig  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "families.json"
 BOOK_COPY = ROOT / "book" / "generation" / "data" / "families_speed.json"
@@ -78,6 +86,10 @@ SHAPE = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden
              num_attention_heads=8, num_key_value_heads=2, head_dim=32,
              max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
              eos_token_id=None, pad_token_id=None, initializer_range=0.1)
+# Llama 3.1's RoPE scaling, shrunk: 4x past an original context of 128 (the prompt is longer)
+LLAMA3_SCALING = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0,
+                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 128}
 MLA_DIMS = dict(kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
                 q_lora_rank=128)  # DeepSeek-V3's proportions at width 256
 
@@ -136,8 +148,10 @@ def hf_model(family: str, **overrides):
     shape = SHAPE | overrides
     torch.manual_seed(0)
     if family == "llama":
-        config = tr.LlamaConfig(**shape)
-        cls = tr.LlamaForCausalLM
+        config, cls = tr.LlamaConfig(**shape), tr.LlamaForCausalLM
+    elif family == "llama_rope_scaling":
+        config, cls = tr.LlamaConfig(rope_parameters=dict(LLAMA3_SCALING), **shape), \
+            tr.LlamaForCausalLM
     elif family == "qwen3":
         config, cls = tr.Qwen3Config(rms_norm_eps=1e-6, **shape), tr.Qwen3ForCausalLM
     elif family == "mistral":
@@ -242,6 +256,8 @@ def describe(config) -> str:
         parts.append("qk_norm=True")
     if config.sliding_window is not None:
         parts.append(f"sliding_window={config.sliding_window}")
+    if getattr(config, "rope_scaling", None) is not None:
+        parts.append(f"rope_scaling={{'rope_type': {config.rope_scaling['rope_type']!r}, ...}}")
     if config.ffn == "moe":
         parts.append(f"ffn='moe', n_experts={config.n_experts}, top_k={config.top_k}")
     return ", ".join(parts)
@@ -396,6 +412,19 @@ def per_token(kv: dict) -> dict:
             "positions": kv["positions"]}
 
 
+def rope_scaling_unsupported() -> str | None:
+    """None if tfbook reads a Llama with RoPE scaling from HF, else the reason it does not."""
+    if "rope_scaling" not in {f.name for f in fields(GPTConfig)}:
+        return "GPTConfig has no rope_scaling field"
+    try:
+        config = config_from_hf_llama(hf_model("llama_rope_scaling", num_hidden_layers=1).config)
+    except (ValueError, TypeError) as error:
+        return f"config_from_hf_llama refuses it: {error}"
+    if config.rope_scaling is None:
+        return "config_from_hf_llama drops the RoPE scaling"
+    return None
+
+
 FAMILIES = {"llama": "Llama (GQA, the baseline)", "qwen3": "Qwen3 (QK-norm)",
             "mistral": f"Mistral (sliding window {WINDOW})",
             "mixtral": f"Mixtral (MoE, {EXPERTS} experts, top-{TOP_K})"}
@@ -416,11 +445,17 @@ def main(quick: bool = False, threads: int = THREADS) -> None:
     prompt = torch.randint(0, SHAPE["vocab_size"], (1, PROMPT),
                            generator=torch.Generator().manual_seed(0))  # (B, T)
     variants = {}
-    with tqdm(total=(len(FAMILIES) + 1) * (2 * WARMUP + PREFILL_ROUNDS + DECODE_ROUNDS),
+    rope_scaling_missing = rope_scaling_unsupported()
+    n_variants = len(FAMILIES) + 1 + (rope_scaling_missing is None)
+    with tqdm(total=n_variants * (2 * WARMUP + PREFILL_ROUNDS + DECODE_ROUNDS),
               desc="bench_families", unit="round") as bar:
         for family, label in FAMILIES.items():
             bar.set_postfix_str(family)
             variants[family] = bench_model_family(family, label, prompt, bar)
+        if rope_scaling_missing is None:
+            bar.set_postfix_str("llama_rope_scaling")
+            variants["llama_rope_scaling"] = bench_model_family(
+                "llama_rope_scaling", "Llama (RoPE scaling, llama3 x4)", prompt, bar)
         bar.set_postfix_str("mla")
         variants["mla"] = bench_mla(bar)
     mha = mha_cache_bytes(prompt)
@@ -444,6 +479,8 @@ def main(quick: bool = False, threads: int = THREADS) -> None:
                    "sliding_window": WINDOW, "n_experts": EXPERTS, "top_k": TOP_K,
                    "mla": MLA_DIMS},
         "variants": variants,
+        "skipped": {} if rope_scaling_missing is None else {
+            "llama_rope_scaling": rope_scaling_missing},
         "kv_bytes_per_token": {"mha": per_token(mha),
                                "gqa": per_token(variants["llama"]["kv_bytes"]),
                                "mla": per_token(variants["mla"]["kv_bytes"])},
