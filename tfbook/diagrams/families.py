@@ -31,7 +31,7 @@ from tfbook.diagrams._shared import heading, visible
 from tfbook.diagrams.dataflow import Recorder
 from tfbook.diagrams.diagram import Diagram
 from tfbook.diagrams.layout import GAP, Node, Rect, draw, hstack, shape_label, wrap_words
-from tfbook.diagrams.svg import HEAD_COLOURS, SMALL, Canvas, text_width
+from tfbook.diagrams.svg import COLOURS, HEAD_COLOURS, SMALL, Canvas, text_width
 
 PANEL = 330.0  # the widest a panel may be: a phone's column (358 px) holds each one
 MOST_POSITIONS = 16  # the sliding-window figure draws at most this many positions
@@ -92,8 +92,10 @@ def _mask_canvas(title: str, mask: Tensor, names: list[str], cell: float,
     y += top_h + 6
     c.grid(label_w, y, cells, cell)
     if outline is not None:  # the row of the query the cache panel decodes
-        c.box(label_w - 2, y + outline * cell - 2, cols * cell + 4, cell + 4, "ffn",
-              radius=2)
+        x0, y0, x1, y1 = label_w - 2, y + outline * cell - 2, label_w + cols * cell + 2, \
+            y + (outline + 1) * cell + 2
+        c.line([(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)], arrow=False,
+               colour=COLOURS["ffn"], width=2.0)
     for r, name in enumerate(names):
         c.text(label_w - 6, y + (r + 0.5) * cell + 4.5, name, SMALL, mono=True, anchor="end")
     y += rows * cell + 18
@@ -317,10 +319,10 @@ def qk_norm_figure(attn: object, x: Tensor) -> Diagram:
               stack=True)
     kn = Node("K = X W_{K}", k_shape, kv, "attn", "k", flow="k", stack=True)
     qnn = Node("RMSNorm", q_shape, ("B", "H", "T", "D"), "norm", "q_norm",
-               note=f"per head, over D = {D}\ngain γ: {shape_label(('D',), gain)}",
+               note=f"over D, per head\nγ: {shape_label(('D',), gain)}",
                flow="q_norm", stack=True, wrap=wrap)
     knn = Node("RMSNorm", k_shape, kv, "norm", "k_norm",
-               note=f"per head, over D = {D}\nits own gain γ", flow="k_norm", stack=True,
+               note="over D, per head\nits own γ", flow="k_norm", stack=True,
                wrap=wrap)
     qr = Node("RoPE", q_shape, ("B", "H", "T", "D"), "plain", "q_rope", note="turn by position",
               flow="q_rope", stack=True, wrap=wrap)
@@ -368,7 +370,7 @@ def qk_norm_figure(attn: object, x: Tensor) -> Diagram:
     ro = draw(c, on, xl, y, w)
     _link(c, rh, ro, ("heads", "output"))
     c.text(xr - w / 2, ro.y + 14, ["RMSNorm(x) =", "x / √(mean x² + ε) · γ", f"ε = {eps:g}",
-                                   f"H = {H}, H_kv = {H_kv}"], SMALL, anchor="start")
+                                   f"H = {H}, H_kv = {H_kv}, D = {D}"], SMALL, anchor="start")
     _wire(c, flow)
     d = Diagram(c)
     d.flow, d.shapes = flow, {"q_norm": q_shape, "k_norm": k_shape, "gain": gain}
@@ -461,10 +463,10 @@ def moe_figure(moe: object, x: Tensor, tokens: list[str] | None = None) -> Diagr
     routing = {"renormalised": "the k probabilities rescaled to sum to 1",
                "selected": "softmax over the k largest scores",
                "unnormalised": "the k probabilities as they are"}[moe.routing]
-    width = max(x0 + E * cell, 300.0)
-    y = _lines(c, 0, y, f"tint: the router's probability softmax(x W_r) of each expert "
+    width = max(x0 + E * cell, PANEL)
+    y = _lines(c, 0, y, f"tint: the router's probability softmax(x·W_r) of each expert "
                         f"(darkest: {top:.2f})", width)
-    y = _lines(c, 0, y, f"outlined: the {k} chosen, with their weight ({routing})", width)
+    y = _lines(c, 0, y, f"outlined: the {k} chosen, with their weight: {routing}", width)
     _lines(c, 0, y, f"bars: tokens per expert, {T} × {k} = {T * k} in all", width)
     d = Diagram(c)
     d.probs, d.chosen, d.weights, d.counts = probs, chosen, weights, counts
