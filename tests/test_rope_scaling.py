@@ -230,3 +230,51 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="scaling must be a RopeScaling"):
         rope_inverse_frequencies(8, 1e4, "linear")
     assert set(ROPE_SCALING_TYPES) <= set(ROPE_INIT_FUNCTIONS)
+
+
+FLOAT32_CASES = [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "linear", "factor": 2.5},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512},
+    {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+     "beta_fast": 64, "beta_slow": 0.5, "truncate": False},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16,
+     "mscale": 1.0, "mscale_all_dim": 0.707},
+    {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+     "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    {"rope_type": "llama3", "factor": 3.0, "original_max_position_embeddings": 256,
+     "low_freq_factor": 0.5, "high_freq_factor": 1.5},
+]
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("settings", FLOAT32_CASES, ids=range(len(FLOAT32_CASES)))
+def test_float32_precision_is_hf_bit_for_bit(D, base, settings):
+    """precision="float32" repeats HF's float32 operations: the very same table."""
+    ours, factor = rope_inverse_frequencies(D, base, settings, precision="float32")
+    theirs, their_factor = hf(D, base, dict(settings), 8192)
+    assert ours.dtype == torch.float32 and torch.equal(ours, theirs) and factor == their_factor
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("factor", (1.7, 2.0, 16.0))
+@pytest.mark.parametrize("seq_len", (None, 100, 2048, 2049, 3000, 40000))
+def test_float32_dynamic_is_hf_forward_bit_for_bit(D, base, factor, seq_len):
+    """HF's rotary module keeps its first table up to L; past L it rebuilds it from the
+    length as a tensor (max(position_ids) + 1), which makes the stretched base float32."""
+    L = 2048
+    ours, _ = rope_inverse_frequencies(D, base, {"rope_type": "dynamic", "factor": factor,
+                                                 "original_max_position_embeddings": L},
+                                       seq_len=seq_len, precision="float32")
+    rebuilt = seq_len is not None and seq_len > L
+    theirs, _ = hf(D, base, {"rope_type": "dynamic", "factor": factor}, L,
+                   torch.tensor(seq_len) if rebuilt else None)
+    assert torch.equal(ours, theirs)
+
+
+def test_bad_precision():
+    with pytest.raises(ValueError, match=r"precision must be one of \('float64', 'float32'\)"):
+        rope_inverse_frequencies(8, 1e4, {"rope_type": "linear", "factor": 2.0},
+                                 precision="float16")

@@ -40,6 +40,7 @@ from tfbook.rope import (
     rope_cos_sin,
     rotate_planes,
 )
+from tfbook.rope_scaling import check_rope_scaling, scaled_rope_cos_sin
 from tfbook.sliding_window import sliding_window_mask
 
 
@@ -199,7 +200,7 @@ class MultiHeadAttention(nn.Module):
         attention: str = "reference", n_kv_heads: int | None = None,
         rope_base: float | None = None, rope_convention: str = "interleaved",
         rope_precision: str = "float64", qk_norm: bool = False, norm_eps: float = 1e-6,
-        sliding_window: int | None = None,
+        sliding_window: int | None = None, rope_scaling: dict | None = None,
     ) -> None:
         super().__init__()
         check_attention_settings(SimpleNamespace(
@@ -220,6 +221,11 @@ class MultiHeadAttention(nn.Module):
         self.rope_base = rope_base  # None: no rotation (positions were added to the input)
         self.rope_convention = rope_convention
         self.rope_precision = rope_precision
+        # RoPE scaling (tfbook.rope_scaling): a Hugging Face style dict, or None (plain RoPE);
+        # read by the table this module builds itself (a model passes its own rope_table)
+        self.rope_scaling = check_rope_scaling(SimpleNamespace(
+            rope_scaling=rope_scaling, rope_base=rope_base, d_model=d_model, n_heads=n_heads),
+            owner="MultiHeadAttention")
         kv_width = n_kv_heads * self.head_size
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # H_kv heads, not H
@@ -336,8 +342,13 @@ class MultiHeadAttention(nn.Module):
                         start = 0 if cache is None else cache.length
                         positions = torch.arange(start, start + T, device=x.device)  # (T,)
                     positions = check_rope_positions(q, positions)
-                    rope_table = rope_cos_sin(positions, self.head_size, self.rope_base,
-                                              self.rope_precision, q.dtype)
+                    if self.rope_scaling is None:
+                        rope_table = rope_cos_sin(positions, self.head_size, self.rope_base,
+                                                  self.rope_precision, q.dtype)
+                    else:  # "dynamic" reads max(positions) + 1 as the current length
+                        rope_table = scaled_rope_cos_sin(positions, self.head_size,
+                                                         self.rope_base, self.rope_scaling,
+                                                         self.rope_precision, q.dtype)
                 cos, sin = check_rope_table(rope_table, q)  # one table for q and k
                 q = rotate_planes(q, cos, sin, self.rope_convention)  # (B, H, T, D)
                 k = rotate_planes(k, cos, sin, self.rope_convention)  # (B, H_kv, T, D)

@@ -15,8 +15,8 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
   decoder of the encoder-decoder.
 
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
-key/value heads (grouped-query attention), RoPE inside attention (its base and pair
-convention), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of experts
+key/value heads (grouped-query attention), RoPE inside attention (its base, pair
+convention and scaling), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of experts
 (ffn="moe", Mixtral) and the kernels;
 a Llama-style decoder is a GPT with another `BlockConfig`.
 It is the one source of block settings: every model config builds its own with
@@ -26,7 +26,7 @@ Shape legend: B batch, T target sequence, S source sequence, C model width.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,6 +39,7 @@ from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.hooks import HookPoint
 from tfbook.moe import ROUTINGS, MoEFeedForward
 from tfbook.normalization import NORMS, make_norm
+from tfbook.rope_scaling import check_rope_scaling
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,14 @@ class BlockConfig:
     n_experts: int = 8
     top_k: int = 2
     routing: str = "renormalised"
+    # RoPE scaling (tfbook.rope_scaling): None (plain RoPE) or a Hugging Face style dict such
+    # as {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192};
+    # kept as a read-only copy, left out of the hash (a dict has none)
+    rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         check_block_settings(self, owner="BlockConfig")
+        object.__setattr__(self, "rope_scaling", check_rope_scaling(self, "BlockConfig"))
 
     def make_attention(self) -> MultiHeadAttention:
         """The attention sub-layer this config describes."""
@@ -84,6 +90,7 @@ class BlockConfig:
             attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
             rope_convention=self.rope_convention, rope_precision=self.rope_precision,
             qk_norm=self.qk_norm, norm_eps=self.norm_eps, sliding_window=self.sliding_window,
+            rope_scaling=self.rope_scaling,
         )
 
     def make_feed_forward(self) -> nn.Module:
@@ -103,6 +110,7 @@ class BlockConfig:
 def check_block_settings(settings: Any, owner: str) -> None:
     """Check every BlockConfig field of `settings`; errors name `owner` (the config checked)."""
     check_attention_settings(settings, owner)
+    check_rope_scaling(settings, owner)
     check_positive(settings, "d_ff", owner=owner)
     check_choice(settings, "activation", ACTIVATIONS, owner=owner)
     check_choice(settings, "norm", NORMS, owner=owner)

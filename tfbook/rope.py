@@ -43,16 +43,19 @@ def rope_frequencies(D: int, base: float = 10000.0, precision: str = "float64") 
 
 
 def rope_angles(
-    positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64"
+    positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64",
+    theta: Tensor | None = None,
 ) -> Tensor:
     """pos * theta_n for every position and plane: positions (T,) -> (T, D/2).
 
     In float32 an angle near position 8000 is only known to about 5e-4 radians (the spacing
-    of float32 numbers there); float64 keeps it to about 1e-12.
+    of float32 numbers there); float64 keeps it to about 1e-12. `theta` (D/2,), computed in
+    the precision's dtype, replaces the plain frequencies (a RoPE scaling, tfbook.rope_scaling).
     """
     dtype = torch.float32 if precision == "float32" else torch.float64
-    theta = rope_frequencies(D, base, precision)  # (D/2,)
-    return positions.to(dtype)[:, None] * theta.to(positions.device)  # (T, D/2)
+    if theta is None:
+        theta = rope_frequencies(D, base, precision)  # (D/2,)
+    return positions.to(dtype)[:, None] * theta.to(positions.device, dtype)  # (T, D/2)
 
 
 def check_rope_positions(x: Tensor, positions: Tensor | None) -> Tensor:
@@ -72,18 +75,23 @@ def check_rope_positions(x: Tensor, positions: Tensor | None) -> Tensor:
 
 def rope_cos_sin(
     positions: Tensor, D: int, base: float = 10000.0, precision: str = "float64",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, *, theta: Tensor | None = None, scale: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of pos * theta_n: (T, D/2) each, or (B, 1, T, D/2) for (B, T) positions.
 
     Used for both q and k, in every layer: a model computes it once per forward pass and
-    passes it down (`MultiHeadAttention.forward(..., rope_table=...)`).
+    passes it down (`MultiHeadAttention.forward(..., rope_table=...)`). A RoPE scaling
+    (`tfbook.rope_scaling.scaled_rope_cos_sin`) passes its own frequencies `theta` and YaRN's
+    attention factor `scale`, which multiplies cos and sin in the precision's dtype.
     """
-    angles = rope_angles(positions.reshape(-1), D, base, precision)
+    angles = rope_angles(positions.reshape(-1), D, base, precision, theta)
     angles = angles.view(*positions.shape, D // 2)  # (T, D/2) or (B, T, D/2)
     if positions.dim() == 2:
         angles = angles[:, None]  # (B, 1, T, D/2): the same angles for every head
-    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if scale != 1.0:  # q.k of two rotated vectors grows by scale^2
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
 
 
 def check_rope_table(table: object, x: Tensor) -> tuple[Tensor, Tensor]:

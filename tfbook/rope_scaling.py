@@ -11,16 +11,22 @@ a `RopeScaling`, named as in a Hugging Face config's "rope_scaling" / "rope_para
 - "llama3": Meta's Llama 3.1 rule, a smoothed by-parts interpolation by wavelength.
 
 `rope_inverse_frequencies(D, base, scaling)` returns (theta, attention_factor): theta (D/2,)
-in float64, fastest plane first, and the factor that multiplies cos and sin (1 except YaRN).
+in float64, fastest plane first, and the factor that multiplies cos and sin (1 except YaRN);
+with precision="float32", theta in float32 computed as Hugging Face computes it.
+
+In a model the scaling is a setting: `GPTConfig.rope_scaling` / `BlockConfig.rope_scaling`,
+a Hugging Face style dict checked by `check_rope_scaling`; the model's rotary table then
+comes from `scaled_rope_cos_sin` instead of `tfbook.rope.rope_cos_sin`.
 """
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from tfbook.rope import rope_frequencies, scaled_rope_frequencies
+from tfbook.rope import PRECISIONS, rope_cos_sin, rope_frequencies, scaled_rope_frequencies
 
 ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn", "llama3")
 # which settings each type needs (besides rope_type and factor)
@@ -127,6 +133,51 @@ class RopeScaling:
         return cls(**settings)
 
 
+EXAMPLE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+class FrozenSettings(dict):
+    """A dict that refuses to change: the rope_scaling a frozen config keeps (its own copy,
+    still a dict for JSON and for `dataclasses.asdict`)."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a config's rope_scaling cannot be changed in place; make a new config "
+                        "with dataclasses.replace(config, rope_scaling={...})")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple:  # copy, deepcopy and pickle rebuild it from a plain dict
+        return (type(self), (dict(self),))
+
+
+def check_rope_scaling(settings: Any, owner: str) -> FrozenSettings | None:
+    """Check the rope_scaling field of a config (or a module's arguments) with its rope_base,
+    d_model and n_heads; errors name `owner`. -> a read-only copy of the dict, or None.
+
+    rope_scaling is None (plain RoPE) or a Hugging Face style dict such as
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}, read by
+    `RopeScaling.from_dict`.
+    """
+    value = settings.rope_scaling
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, dict):
+            raise TypeError(f"rope_scaling must be None or a dict such as {EXAMPLE}, got "
+                            f"{type(value).__name__}")
+        scaling = RopeScaling.from_dict(value)
+        D = settings.d_model // settings.n_heads
+        if scaling.rope_type == "dynamic" and D < 4:
+            raise ValueError(f"rope_scaling of rope_type 'dynamic' (NTK-aware) needs a head "
+                             f"size D >= 4 (two planes), got D={D}")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{owner}: {error}") from None
+    if settings.rope_base is None:
+        raise ValueError(f"{owner}: rope_scaling scales the rotary frequencies, but there is "
+                         "no RoPE here (rope_base=None)")
+    return value if isinstance(value, FrozenSettings) else FrozenSettings(value)
+
+
 def linear_frequencies(D: int, base: float, factor: float) -> Tensor:
     """Position interpolation (Chen et al. 2023): theta_n / factor, (D/2,) float64.
 
@@ -163,6 +214,21 @@ def yarn_attention_factor(factor: float, mscale: float | None = None,
     return m(factor)
 
 
+def yarn_ramp(D: int, base: float, L: int, beta_fast: float, beta_slow: float,
+              truncate: bool) -> tuple[float, float]:
+    """(low, high): the planes where YaRN's ramp starts and ends (see `yarn_frequencies`)."""
+    def plane(rotations: float) -> float:
+        return D * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = plane(beta_fast), plane(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001  # as Hugging Face does: a step instead of a ramp
+    return low, high
+
+
 def yarn_frequencies(D: int, base: float, factor: float, L: int, beta_fast: float = 32.0,
                      beta_slow: float = 1.0, truncate: bool = True) -> Tensor:
     """YaRN's "NTK-by-parts" frequencies (Peng et al. 2023), (D/2,) float64.
@@ -174,15 +240,7 @@ def yarn_frequencies(D: int, base: float, factor: float, L: int, beta_fast: floa
     from n(beta_fast) to n(beta_slow) (floored and ceiled if truncate), clamped to 0 .. D - 1
     (D - 1 as in Hugging Face's code, although the planes stop at D/2 - 1).
     """
-    def plane(rotations: float) -> float:
-        return D * math.log(L / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = plane(beta_fast), plane(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, D - 1)
-    if low == high:
-        high += 0.001  # as Hugging Face does: a step instead of a ramp
+    low, high = yarn_ramp(D, base, L, beta_fast, beta_slow, truncate)
     n = torch.arange(D // 2, dtype=torch.float64)
     interpolated = ((n - low) / (high - low)).clamp(0, 1)  # 0: keep theta_n, 1: theta_n / factor
     theta = rope_frequencies(D, base)
@@ -207,17 +265,24 @@ def llama3_frequencies(D: int, base: float, factor: float, L: int, low_freq_fact
 
 def rope_inverse_frequencies(
     D: int, base: float = 10000.0, scaling: RopeScaling | dict | None = None,
-    seq_len: int | None = None,
+    seq_len: int | None = None, precision: str = "float64",
 ) -> tuple[Tensor, float]:
-    """(theta, attention_factor): the D/2 frequencies (float64, fastest first) and the factor
-    that multiplies cos and sin, for `scaling` (a RopeScaling, a rope_scaling dict, or None
-    for plain RoPE). seq_len is the current length, read by "dynamic" only (None: L).
+    """(theta, attention_factor): the D/2 frequencies (fastest first) and the factor that
+    multiplies cos and sin, for `scaling` (a RopeScaling, a rope_scaling dict, or None for
+    plain RoPE). seq_len is the current length, read by "dynamic" only (None: L).
+
+    precision="float64" (the default) computes the formulas above in float64.
+    precision="float32" computes theta in float32 operation for operation as Hugging Face
+    (transformers 5.23) does, so that a model reproduces its rotary tables bit for bit
+    (`hf_float32_frequencies`); as `tfbook.rope.rope_frequencies` does for plain RoPE.
     """
     if isinstance(D, bool) or not isinstance(D, int) or D <= 0 or D % 2:
         raise ValueError(f"RoPE needs a positive even head size D, got D={D!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     base = _number("base", base)
     if scaling is None:
-        return rope_frequencies(D, base), 1.0
+        return rope_frequencies(D, base, precision), 1.0
     if isinstance(scaling, dict):
         scaling = RopeScaling.from_dict(scaling)
     if not isinstance(scaling, RopeScaling):
@@ -227,6 +292,16 @@ def rope_inverse_frequencies(
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)
                                 or seq_len <= 0):
         raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    if scaling.rope_type == "dynamic" and D < 4:
+        raise ValueError(f"NTK-aware scaling needs D >= 4 (two planes), got D={D}")
+    attention_factor = 1.0
+    if scaling.rope_type == "yarn":
+        attention_factor = (float(scaling.attention_factor)
+                            if scaling.attention_factor is not None
+                            else yarn_attention_factor(factor, scaling.mscale,
+                                                       scaling.mscale_all_dim))
+    if precision == "float32":
+        return hf_float32_frequencies(D, base, scaling, seq_len), attention_factor
     if scaling.rope_type == "linear":
         return linear_frequencies(D, base, factor), 1.0
     if scaling.rope_type == "dynamic":
@@ -235,8 +310,67 @@ def rope_inverse_frequencies(
         beta_fast, beta_slow = scaling.yarn_betas
         truncate = True if scaling.truncate is None else scaling.truncate
         theta = yarn_frequencies(D, base, factor, L, beta_fast, beta_slow, truncate)
-        if scaling.attention_factor is not None:
-            return theta, float(scaling.attention_factor)
-        return theta, yarn_attention_factor(factor, scaling.mscale, scaling.mscale_all_dim)
+        return theta, attention_factor
     return llama3_frequencies(D, base, factor, L, float(scaling.low_freq_factor),
                               float(scaling.high_freq_factor)), 1.0
+
+
+def hf_float32_frequencies(D: int, base: float, scaling: RopeScaling,
+                           seq_len: int | None = None) -> Tensor:
+    """theta (D/2,) in float32, computed as transformers 5.23 computes its `inv_freq`.
+
+    The same formulas as the float64 functions above, in Hugging Face's order of float32
+    operations. "dynamic" follows HF's rotary module in a forward pass: up to the trained
+    length L it keeps the table built at start (its base from Python floats); past L it
+    rebuilds the table from the current length held as a tensor, so that the stretched base
+    itself is computed in float32.
+    """
+    factor, L = float(scaling.factor), scaling.original_max_position_embeddings
+    exponents = torch.arange(0, D, 2, dtype=torch.int64).to(torch.float32) / D  # (D/2,)
+    if scaling.rope_type == "dynamic":
+        if seq_len is not None and seq_len > L:
+            T = torch.tensor(seq_len, dtype=torch.int64)  # as HF: max(position_ids) + 1
+            base = base * ((factor * T / L) - (factor - 1)) ** (D / (D - 2))  # float32
+        else:
+            base = base * ((factor * L / L) - (factor - 1)) ** (D / (D - 2))  # Python float
+    theta = 1.0 / (base ** exponents)  # (D/2,) plain RoPE, as rope_frequencies(..., "float32")
+    if scaling.rope_type in ("linear", "dynamic"):
+        return theta / factor if scaling.rope_type == "linear" else theta
+    if scaling.rope_type == "yarn":
+        beta_fast, beta_slow = scaling.yarn_betas
+        truncate = True if scaling.truncate is None else scaling.truncate
+        low, high = yarn_ramp(D, base, L, beta_fast, beta_slow, truncate)
+        powers = base ** exponents
+        extrapolated, interpolated = 1.0 / powers, 1.0 / (factor * powers)
+        ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        kept = 1 - ramp  # HF's inv_freq_extrapolation_factor
+        return interpolated * (1 - kept) + extrapolated * kept
+    low_f, high_f = float(scaling.low_freq_factor), float(scaling.high_freq_factor)
+    wavelength = 2 * math.pi / theta
+    low_wavelength, high_wavelength = L / low_f, L / high_f
+    slowed = torch.where(wavelength > low_wavelength, theta / factor, theta)
+    s = (L / wavelength - low_f) / (high_f - low_f)
+    smoothed = (1 - s) * slowed / factor + s * slowed
+    medium = ~(wavelength < high_wavelength) * ~(wavelength > low_wavelength)
+    return torch.where(medium, smoothed, slowed)
+
+
+def scaled_rope_cos_sin(
+    positions: Tensor, D: int, base: float, scaling: RopeScaling | dict,
+    precision: str = "float64", dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor]:
+    """`tfbook.rope.rope_cos_sin` with a RoPE scaling: cos and sin of pos * theta_n for the
+    scaled theta, both multiplied by the attention factor (YaRN's; 1 otherwise).
+
+    "dynamic" reads the current length as Hugging Face does, max(positions) + 1 over the
+    whole call (every row of a batch): a prefill of T tokens uses the table of length T for
+    all of them, and each later step through a cache the table of its own length, while
+    the keys already cached keep the rotation they were stored with.
+    """
+    if isinstance(scaling, dict):
+        scaling = RopeScaling.from_dict(scaling)
+    seq_len = None
+    if isinstance(scaling, RopeScaling) and scaling.rope_type == "dynamic" and positions.numel():
+        seq_len = int(positions.max()) + 1
+    theta, factor = rope_inverse_frequencies(D, base, scaling, seq_len, precision)
+    return rope_cos_sin(positions, D, base, precision, dtype, theta=theta, scale=factor)

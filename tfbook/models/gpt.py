@@ -11,7 +11,7 @@ all key/value heads or grouped ones. Shape legend: B batch, T sequence, S positi
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +25,7 @@ from tfbook.masks import padding_mask
 from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
 from tfbook.rope import rope_cos_sin
+from tfbook.rope_scaling import scaled_rope_cos_sin
 from tfbook.sliding_window import SlidingWindowKVCache
 
 POSITIONS = ("learned", "rope")
@@ -60,11 +61,27 @@ class GPTConfig:
     n_experts: int = 8  # ffn="moe": SwiGLU experts per block (Mixtral)
     top_k: int = 2  # ffn="moe": experts each token is sent to
     routing: str = "renormalised"  # ffn="moe": how the k experts' weights are formed
+    # RoPE scaling (tfbook.rope_scaling; position="rope" only): None = plain RoPE, or a Hugging
+    # Face style dict: {"rope_type": "linear", "factor": s}, {"rope_type": "dynamic",
+    # "factor": s, "original_max_position_embeddings": L}, {"rope_type": "yarn", "factor": s,
+    # "original_max_position_embeddings": L} (optional beta_fast, beta_slow, ...) or
+    # {"rope_type": "llama3", "factor": s, "original_max_position_embeddings": L,
+    # "low_freq_factor": 1.0, "high_freq_factor": 4.0}. Kept as a read-only copy (JSON in a
+    # checkpoint; left out of the hash). On a loaded model, e.g. SmolLM2 (load_smollm2):
+    #   config = replace(model.config, rope_scaling={...}, max_len=32768)
+    #   scaled = GPT(config); scaled.load_state_dict(model.state_dict())
+    # (max_len too: it still bounds the positions); setting model.config to it also works,
+    # as the table is rebuilt from model.config at every forward pass.
+    rope_scaling: dict | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
         check_choice(self, "position", POSITIONS)
-        self.block_config()  # checks the block settings, in GPTConfig's words
+        if self.rope_scaling is not None and self.position != "rope":
+            raise ValueError(f"GPTConfig: rope_scaling scales the rotary frequencies, but "
+                             f"position={self.position!r} has none: use position='rope'")
+        block = self.block_config()  # checks the block settings, in GPTConfig's words
+        object.__setattr__(self, "rope_scaling", block.rope_scaling)  # its read-only copy
 
     def block_config(self) -> BlockConfig:
         """The per-block settings: the fields shared with BlockConfig, pre-norm, F = 4C by
@@ -119,11 +136,16 @@ class GPT(nn.Module):
 
     def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
         """cos and sin of the rotary angles at `positions`, shared by every layer (None without
-        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T)."""
+        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T). With rope_scaling,
+        the scaled frequencies and YaRN's factor on cos and sin; "dynamic" stretches by the
+        current length max(positions) + 1, as Hugging Face does."""
         c = self.config
         if c.position != "rope":
             return None
-        return rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_precision, dtype)
+        if c.rope_scaling is None:
+            return rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_precision, dtype)
+        return scaled_rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_scaling,
+                                   c.rope_precision, dtype)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
