@@ -101,7 +101,8 @@ OTHER_VALUE = {"d_model": 96, "n_heads": 16, "d_ff": 100, "dropout": 0.25, "acti
                "fused_activation": False, "norm": "rms", "ffn": "swiglu", "n_kv_heads": 4,
                "rope_base": 500.0, "rope_convention": "half", "rope_precision": "float32",
                "qk_norm": True, "sliding_window": 8, "n_experts": 4, "top_k": 1,
-               "routing": "selected", "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+               "routing": "selected", "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+               "head_dim": 8}
 
 
 @pytest.mark.parametrize("field", SHARED)

@@ -38,7 +38,15 @@ from tfbook.blocks import BlockConfig
 from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama
 from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
-from tfbook.models.llama import llama_config, mistral_7b, mixtral_8x7b, qwen3_8b, tiny_llama
+from tfbook.models.llama import (
+    llama_config,
+    mistral_7b,
+    mixtral_8x7b,
+    qwen3_0_6b,
+    qwen3_8b,
+    tiny_llama,
+)
+from tfbook.models.params import count_parameters
 from tfbook.moe import MoEFeedForward, load_balancing_loss
 from tfbook.sliding_window import SlidingWindowKVCache
 
@@ -67,6 +75,13 @@ def qwen3(attn: str) -> Qwen3ForCausalLM:
                                                    **TINY)))
 
 
+def qwen3_wide_heads(attn: str) -> Qwen3ForCausalLM:
+    """Heads wider than width / heads, as in Qwen3-0.6B (head_dim 128, width 1024, 16 heads)."""
+    torch.manual_seed(0)
+    return randomized(Qwen3ForCausalLM(Qwen3Config(rms_norm_eps=1e-6, attn_implementation=attn,
+                                                   **{**TINY, "head_dim": 16})))
+
+
 def mistral(window: int, attn: str) -> MistralForCausalLM:
     torch.manual_seed(0)
     return randomized(MistralForCausalLM(MistralConfig(sliding_window=window,
@@ -81,7 +96,8 @@ def mixtral(attn: str) -> MixtralForCausalLM:
     return randomized(MixtralForCausalLM(config))
 
 
-FAMILIES = {"qwen3": qwen3, "mistral-w1": lambda a: mistral(1, a),
+FAMILIES = {"qwen3": qwen3, "qwen3-wide-heads": qwen3_wide_heads,
+            "mistral-w1": lambda a: mistral(1, a),
             "mistral-w4": lambda a: mistral(4, a), "mistral-w6": lambda a: mistral(6, a),
             "mixtral": mixtral}
 
@@ -125,7 +141,8 @@ def hf_decode_steps(hf, ids: torch.Tensor, chunks: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_config_read_from_hf(family):
     config = config_from_hf_llama(FAMILIES[family]("eager").config)
-    assert config.qk_norm == (family == "qwen3")
+    assert config.qk_norm == family.startswith("qwen3")
+    assert config.head_size == FAMILIES[family]("eager").config.head_dim
     assert config.sliding_window == (int(family[-1]) if "mistral" in family else None)
     assert (config.ffn, config.n_experts, config.top_k) == (
         ("moe", 4, 2) if family == "mixtral" else ("swiglu", 8, 2))
@@ -139,7 +156,7 @@ def test_float32_logits_equal_hf_bit_for_bit(family, n_threads):
     ours = tfbook_from_hf_llama(hf, attention="torch")
     with pinned_threads(n_threads):
         assert torch.equal(logits_of(ours, IDS), logits_of(hf, IDS))
-        if family == "qwen3":  # QK-norm adds nothing to the cache: decoding is bit-equal too
+        if family.startswith("qwen3"):  # QK-norm adds nothing to the cache: decoding bit-equal
             assert torch.equal(decode_steps(ours, IDS, CHUNKS[2]),
                                hf_decode_steps(hf, IDS, CHUNKS[2]))
 
@@ -269,6 +286,27 @@ def test_presets():
     assert (moe.ffn, moe.n_experts, moe.top_k, moe.sliding_window) == ("moe", 8, 2, None)
 
 
+def test_head_dim_preset_and_parameters_equal_hf():
+    """Qwen3-0.6B's heads (128 wide, 16 of them in a width of 1024): the preset's parameter
+    count equals HF's Qwen3ForCausalLM built on the meta device from the released shapes."""
+    config = qwen3_0_6b()
+    assert config.head_size == 128 and config.n_heads * config.head_size == 2 * config.d_model
+    with torch.device("meta"):
+        ours = GPT(config)
+        hf = Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+            tie_word_embeddings=True))
+    assert count_parameters(ours) == count_parameters(hf) == 596_049_920
+    assert tuple(ours.blocks[0].attn.out_proj.weight.shape) == (1024, 2048)
+
+
+@pytest.mark.parametrize("head_dim", [0, -8, 2.5, True, "16"])
+def test_bad_head_dim_is_refused_by_the_config(head_dim):
+    with pytest.raises(ValueError, match=r"GPTConfig: head_dim must be a positive int, or None"):
+        GPTConfig(head_dim=head_dim)
+
+
 def test_defaults_add_no_parameters():
     """Without the new settings a model has exactly the parameters it had before."""
     model = GPT(tiny_llama())
@@ -306,8 +344,6 @@ def test_bad_qk_norm_is_refused_by_the_config(value):
 
 
 def test_unsupported_hf_configs_are_refused():
-    with pytest.raises(ValueError, match=r"head_dim=16"):
-        config_from_hf_llama(Qwen3Config(**{**TINY, "head_dim": 16}))
     with pytest.raises(ValueError, match=r"use_sliding_window=True"):
         config_from_hf_llama(Qwen3Config(use_sliding_window=True, sliding_window=4,
                                          **TINY))

@@ -98,8 +98,14 @@ def check_attention_settings(settings: Any, owner: str) -> None:
     check_choice(settings, "rope_convention", CONVENTIONS, owner=owner)
     check_choice(settings, "rope_precision", PRECISIONS, owner=owner)
     d_model, n_heads, n_kv_heads = settings.d_model, settings.n_heads, settings.n_kv_heads
-    if d_model % n_heads != 0:
-        raise ValueError(f"{owner}: d_model={d_model} is not divisible by n_heads={n_heads}")
+    head_dim = getattr(settings, "head_dim", None)
+    if head_dim is not None and (not is_int(head_dim) or head_dim < 1):
+        raise ValueError(f"{owner}: head_dim must be a positive int, or None for "
+                         f"d_model / n_heads, got {head_dim!r}")
+    if head_dim is None and d_model % n_heads != 0:
+        raise ValueError(f"{owner}: d_model={d_model} is not divisible by n_heads={n_heads} "
+                         f"(set head_dim to give the heads another size)")
+    head_size = d_model // n_heads if head_dim is None else head_dim
     if n_kv_heads is not None and n_heads % n_kv_heads != 0:
         raise ValueError(
             f"{owner}: n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}"
@@ -115,10 +121,10 @@ def check_attention_settings(settings: Any, owner: str) -> None:
         )
     base = settings.rope_base
     if base is not None and (not is_number(base) or not base > 1.0
-                             or (d_model // n_heads) % 2 == 1):
+                             or head_size % 2 == 1):
         raise ValueError(
             f"{owner}: RoPE needs rope_base > 1 and an even head size, got rope_base="
-            f"{base!r} and head size {d_model // n_heads}"
+            f"{base!r} and head size {head_size}"
         )
 
 
@@ -201,10 +207,12 @@ class MultiHeadAttention(nn.Module):
         rope_base: float | None = None, rope_convention: str = "interleaved",
         rope_precision: str = "float64", qk_norm: bool = False, norm_eps: float = 1e-6,
         sliding_window: int | None = None, rope_scaling: dict | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         check_attention_settings(SimpleNamespace(
-            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, dropout=dropout,
+            d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+            dropout=dropout,
             attention=attention, rope_base=rope_base, rope_convention=rope_convention,
             rope_precision=rope_precision, qk_norm=qk_norm, sliding_window=sliding_window),
             owner="MultiHeadAttention")
@@ -213,7 +221,8 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
-        self.head_size = d_model // n_heads
+        self.d_model = d_model
+        self.head_size = d_model // n_heads if head_dim is None else head_dim  # D
         self.dropout = dropout
         # the kernel `attend` runs when the weights are not asked for: "reference", "torch"
         # or "flash" compute the same function (the tests check), at different costs
@@ -224,13 +233,14 @@ class MultiHeadAttention(nn.Module):
         # RoPE scaling (tfbook.rope_scaling): a Hugging Face style dict, or None (plain RoPE);
         # read by the table this module builds itself (a model passes its own rope_table)
         self.rope_scaling = check_rope_scaling(SimpleNamespace(
-            rope_scaling=rope_scaling, rope_base=rope_base, d_model=d_model, n_heads=n_heads),
-            owner="MultiHeadAttention")
-        kv_width = n_kv_heads * self.head_size
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            rope_scaling=rope_scaling, rope_base=rope_base, d_model=d_model, n_heads=n_heads,
+            head_dim=head_dim), owner="MultiHeadAttention")
+        # H D = C unless head_dim says otherwise (Qwen3-0.6B: 16 heads of 128 in a width of 1024)
+        q_width, kv_width = n_heads * self.head_size, n_kv_heads * self.head_size
+        self.q_proj = nn.Linear(d_model, q_width, bias=bias)
         self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # H_kv heads, not H
         self.v_proj = nn.Linear(d_model, kv_width, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
+        self.out_proj = nn.Linear(q_width, d_model, bias=bias)  # W_O
         # QK-norm (Qwen3): one RMSNorm over the D features of every query head, one over every
         # key head, before RoPE; None = no norm (and no parameters)
         self.q_norm = RMSNorm(self.head_size, norm_eps) if qk_norm else None
@@ -293,9 +303,9 @@ class MultiHeadAttention(nn.Module):
         a model builds it once per forward pass for all its layers; without it the module
         builds its own from `positions`.
         """
-        if x.dim() != 3 or x.size(-1) != self.n_heads * self.head_size:
+        if x.dim() != 3 or x.size(-1) != self.d_model:
             raise ValueError(
-                f"expected x of shape (B, T, {self.n_heads * self.head_size}), "
+                f"expected x of shape (B, T, {self.d_model}), "
                 f"got {tuple(x.shape)}"
             )
         B, T, C = x.size()
@@ -379,5 +389,5 @@ class MultiHeadAttention(nn.Module):
         else:
             y, weights = attend(q, k, v, mask, causal, p, need_weights, self.attention)
         # y (B, H, T, D); weights (B, H, T, S) or None
-        y = self.heads(y).transpose(1, 2).reshape(B, T, C)  # (B, T, H, D) -> (B, T, C): concat
+        y = self.heads(y).transpose(1, 2).reshape(B, T, -1)  # (B, T, H, D) -> (B, T, H D)
         return self.out(self.out_proj(y)), weights

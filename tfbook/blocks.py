@@ -67,6 +67,7 @@ class BlockConfig:
     rope_base: float | None = None  # RoPE inside attention with this base; None = no RoPE
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
+    head_dim: int | None = None  # D, when it is not d_model / n_heads (Qwen3-0.6B); None: C / H
     qk_norm: bool = False  # RMSNorm (eps norm_eps) on each query and key head before RoPE (Qwen3)
     sliding_window: int | None = None  # positions a query sees, itself included (Mistral)
     # ffn="moe" (Mixtral): n_experts SwiGLU experts of width d_ff, top_k of them per token,
@@ -90,7 +91,7 @@ class BlockConfig:
             attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
             rope_convention=self.rope_convention, rope_precision=self.rope_precision,
             qk_norm=self.qk_norm, norm_eps=self.norm_eps, sliding_window=self.sliding_window,
-            rope_scaling=self.rope_scaling,
+            rope_scaling=self.rope_scaling, head_dim=self.head_dim,
         )
 
     def make_feed_forward(self) -> nn.Module:

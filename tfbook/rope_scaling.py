@@ -152,7 +152,7 @@ class FrozenSettings(dict):
 
 def check_rope_scaling(settings: Any, owner: str) -> FrozenSettings | None:
     """Check the rope_scaling field of a config (or a module's arguments) with its rope_base,
-    d_model and n_heads; errors name `owner`. -> a read-only copy of the dict, or None.
+    d_model, n_heads and head_dim; errors name `owner`. -> a read-only copy of the dict or None.
 
     rope_scaling is None (plain RoPE) or a Hugging Face style dict such as
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192}, read by
@@ -166,7 +166,7 @@ def check_rope_scaling(settings: Any, owner: str) -> FrozenSettings | None:
             raise TypeError(f"rope_scaling must be None or a dict such as {EXAMPLE}, got "
                             f"{type(value).__name__}")
         scaling = RopeScaling.from_dict(value)
-        D = settings.d_model // settings.n_heads
+        D = getattr(settings, "head_dim", None) or settings.d_model // settings.n_heads
         if scaling.rope_type == "dynamic" and D < 4:
             raise ValueError(f"rope_scaling of rope_type 'dynamic' (NTK-aware) needs a head "
                              f"size D >= 4 (two planes), got D={D}")
@@ -333,18 +333,20 @@ def hf_float32_frequencies(D: int, base: float, scaling: RopeScaling,
             base = base * ((factor * T / L) - (factor - 1)) ** (D / (D - 2))  # float32
         else:
             base = base * ((factor * L / L) - (factor - 1)) ** (D / (D - 2))  # Python float
-    theta = 1.0 / (base ** exponents)  # (D/2,) plain RoPE, as rope_frequencies(..., "float32")
-    if scaling.rope_type in ("linear", "dynamic"):
-        return theta / factor if scaling.rope_type == "linear" else theta
+    powers = base ** exponents  # (D/2,) base^(2n/D)
+    theta = 1.0 / powers  # plain RoPE, as rope_frequencies(..., "float32")
+    if scaling.rope_type == "dynamic":
+        return theta
+    if scaling.rope_type == "linear":
+        return theta / factor
     if scaling.rope_type == "yarn":
         beta_fast, beta_slow = scaling.yarn_betas
         truncate = True if scaling.truncate is None else scaling.truncate
         low, high = yarn_ramp(D, base, L, beta_fast, beta_slow, truncate)
-        powers = base ** exponents
-        extrapolated, interpolated = 1.0 / powers, 1.0 / (factor * powers)
+        interpolated = 1.0 / (factor * powers)
         ramp = ((torch.arange(D // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
         kept = 1 - ramp  # HF's inv_freq_extrapolation_factor
-        return interpolated * (1 - kept) + extrapolated * kept
+        return interpolated * (1 - kept) + theta * kept
     low_f, high_f = float(scaling.low_freq_factor), float(scaling.high_freq_factor)
     wavelength = 2 * math.pi / theta
     low_wavelength, high_wavelength = L / low_f, L / high_f

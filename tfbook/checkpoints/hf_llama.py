@@ -94,10 +94,8 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
         raise ValueError(f"expected a config of model_type in {HF_MODEL_TYPES}, got "
                          f"{model_type!r}")
     head_dim = getattr(hf_config, "head_dim", None)
-    width_per_head = hf_config.hidden_size // hf_config.num_attention_heads
-    if head_dim is not None and head_dim != width_per_head:
-        raise ValueError(f"GPTConfig's head size is d_model / n_heads = {width_per_head}, got "
-                         f"head_dim={head_dim}")
+    if head_dim == hf_config.hidden_size / hf_config.num_attention_heads:
+        head_dim = None  # the usual D = C / H
     if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
         raise ValueError("expected a model without biases (attention_bias=mlp_bias=False)")
     window, experts = None, {}
@@ -117,6 +115,7 @@ def config_from_hf_llama(hf_config: Any, max_len: int | None = None) -> GPTConfi
         d_ff=hf_config.intermediate_size, rope_base=float(base), norm_eps=hf_config.rms_norm_eps,
         tie_weights=bool(hf_config.tie_word_embeddings), rope_convention="half",
         rope_precision="float32", qk_norm=model_type == "qwen3", sliding_window=window,
+        head_dim=head_dim,
         **experts,
     )
     return config if rope_scaling is None else replace(config, rope_scaling=rope_scaling)

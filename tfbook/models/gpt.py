@@ -56,6 +56,7 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE's base, used when position == "rope"
     rope_convention: str = "interleaved"  # RoPE planes: adjacent pairs or the two halves
     rope_precision: str = "float64"  # RoPE angles in float64, or float32 as Hugging Face
+    head_dim: int | None = None  # D when it is not d_model / n_heads (Qwen3-0.6B); None: C / H
     qk_norm: bool = False  # RMSNorm on each query and key head before RoPE (Qwen3)
     sliding_window: int | None = None  # positions a query sees, itself included (Mistral)
     n_experts: int = 8  # ffn="moe": SwiGLU experts per block (Mixtral)
@@ -93,8 +94,8 @@ class GPTConfig:
 
     @property
     def head_size(self) -> int:
-        """D = C / H."""
-        return self.d_model // self.n_heads
+        """D: C / H, unless head_dim sets it."""
+        return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
 
     @classmethod
     def gpt2_124m(cls) -> "GPTConfig":

@@ -26,7 +26,7 @@ def llama_config(
     d_ff: int, rope_base: float = 10000.0, norm_eps: float = 1e-5, tie_weights: bool = True,
     rope_convention: str = "interleaved", rope_precision: str = "float64",
     qk_norm: bool = False, sliding_window: int | None = None, n_experts: int | None = None,
-    top_k: int = 2,
+    top_k: int = 2, head_dim: int | None = None,
 ) -> GPTConfig:
     """The GPTConfig of a Llama-style decoder: RMSNorm, SwiGLU, RoPE, grouped heads, no bias."""
     return GPTConfig(
@@ -37,6 +37,7 @@ def llama_config(
         n_experts=8 if n_experts is None else n_experts, top_k=top_k,
         position="rope", rope_base=rope_base, rope_convention=rope_convention,
         rope_precision=rope_precision, qk_norm=qk_norm, sliding_window=sliding_window,
+        head_dim=head_dim,
     )
 
 
@@ -59,13 +60,24 @@ def qwen3_8b() -> GPTConfig:
     """Qwen3-8B's shapes (Qwen team 2025, the released config.json): QK-norm, 36 blocks of
     width 4096, 32 query heads of size 128 sharing 8 key/value heads, untied output.
 
-    Smaller Qwen3 models use a head size of 128 that is not width / heads, which GPTConfig
-    (D = C / H) cannot express; Qwen3-8B's is exactly 4096 / 32.
+    Its head size 128 is exactly 4096 / 32; the smaller Qwen3 models keep heads of 128 in a
+    narrower width (`qwen3_0_6b`).
     """
     return llama_config(
         vocab_size=151936, max_len=40960, n_layers=36, d_model=4096, n_heads=32, n_kv_heads=8,
         d_ff=12288, rope_base=1000000.0, norm_eps=1e-6, tie_weights=False, qk_norm=True,
         rope_convention="half", rope_precision="float32",
+    )
+
+
+def qwen3_0_6b() -> GPTConfig:
+    """Qwen3-0.6B's shapes (the released config.json): 28 blocks of width 1024 whose 16 query
+    heads (8 key/value heads) are 128 wide each, so H D = 2048 is twice the width: W_Q maps
+    1024 -> 2048 and W_O 2048 -> 1024 (head_dim). QK-norm; the embedding tied to the output."""
+    return llama_config(
+        vocab_size=151936, max_len=40960, n_layers=28, d_model=1024, n_heads=16, n_kv_heads=8,
+        d_ff=3072, rope_base=1000000.0, norm_eps=1e-6, tie_weights=True, qk_norm=True,
+        head_dim=128, rope_convention="half", rope_precision="float32",
     )
 
 

@@ -23,17 +23,19 @@ def decoder_forward_flops(config, new_tokens: int, context: int, head_positions:
     masked entries included); the LM head runs at `head_positions` positions. Norms, softmax
     and activations are not matrix products and are left out (a few percent).
 
-        per token and layer: 2 C (C + 2 H_kv D + C)          the four projections
-                             + 2 C F x (2 for an MLP, 3 for SwiGLU)
-                             + 2 x 2 C S                       q k^T and weights @ v
+        per token and layer: 2 C (H D + 2 H_kv D + H D)      the four projections
+                             + 2 C F x (2 for an MLP, 3 for SwiGLU, 3 top_k for experts)
+                             + 2 x 2 H D S                     q k^T and weights @ v
         head:                2 C V per position
     """
     c = config
-    C, D = c.d_model, c.d_model // c.n_heads
+    C, D, H = c.d_model, c.head_size, c.n_heads
     H_kv = c.n_kv_heads or c.n_heads
     F = 4 * C if c.d_ff is None else c.d_ff
-    projections = 2 * C * (2 * C + 2 * H_kv * D)
-    ffn = 2 * C * F * (3 if c.ffn == "swiglu" else 2)
-    attention = 4 * C * context
+    projections = 2 * C * (2 * H * D + 2 * H_kv * D)
+    # a mixture of experts runs top_k SwiGLU experts per token (and a C x n_experts router)
+    ffn = (2 * C * F * 3 * c.top_k + 2 * C * c.n_experts if c.ffn == "moe"
+           else 2 * C * F * (3 if c.ffn == "swiglu" else 2))
+    attention = 4 * H * D * context
     blocks = c.n_layers * new_tokens * (projections + ffn + attention)
     return blocks + 2 * C * c.vocab_size * head_positions
