@@ -35,6 +35,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from tests.pinned_threads import THREAD_COUNTS, pinned_threads
+from tests.test_model_families import TINY as FAMILIES_TINY
+from tests.test_model_families import decode_steps, hf_decode_steps, logits_of, randomized
 from tests.test_rope_scaling import U, float32_bound
 from tfbook.attention import MultiHeadAttention
 from tfbook.blocks import BlockConfig
@@ -53,10 +55,8 @@ from tfbook.train.checkpoint import describe_model
 
 F64_RELATIVE = 2.0**-40  # see the module docstring
 BASE = 100.0  # a small base: the slow planes turn about once over L, so scaling matters
-TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-            initializer_range=0.2)
+# test_model_families' tiny shapes (head size D = 8); max_position_embeddings set per type
+TINY = {k: v for k, v in FAMILIES_TINY.items() if k != "max_position_embeddings"}
 # rope_type -> (HF rope_parameters, HF max_position_embeddings)
 SCALINGS = {
     "linear": ({"rope_type": "linear", "factor": 4.0}, 64),
@@ -69,16 +69,6 @@ SCALINGS = {
 IDS = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(2))  # (B, T)
 # prefill and decode steps; "dynamic" crosses from plain RoPE (T <= 16) to stretched (T > 16)
 CHUNKS = [[10, 1, 5, 1, 23], [14] + [1] * 26]
-
-
-def randomized(hf_model):
-    """Random norm gains too (HF starts them at one, which would hide a missing gain)."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in hf_model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
-    return hf_model.eval()
 
 
 def llama(rope_type: str, attn: str = "sdpa") -> LlamaForCausalLM:
@@ -106,31 +96,6 @@ def hf_norms_in_float64(monkeypatch):
                                               + self.variance_epsilon))
     for norm in (LlamaRMSNorm, Qwen3RMSNorm):
         monkeypatch.setattr(norm, "forward", forward)
-
-
-def logits_of(model, ids):
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def decode_steps(model, ids, chunks):
-    """Logits of `ids` fed through a new cache of `model` in chunks of the given sizes."""
-    cache, steps, start = model.new_cache(), [], 0
-    with torch.no_grad():
-        for size in chunks:
-            steps.append(model(ids[:, start:start + size], cache=cache).logits)
-            start += size
-    return torch.cat(steps, dim=1)
-
-
-def hf_decode_steps(hf, ids, chunks):
-    steps, start, past = [], 0, None
-    with torch.no_grad():
-        for size in chunks:
-            out = hf(ids[:, start:start + size], past_key_values=past, use_cache=True)
-            past, start = out.past_key_values, start + size
-            steps.append(out.logits)
-    return torch.cat(steps, dim=1)
 
 
 @pytest.mark.parametrize("rope_type", SCALINGS)
