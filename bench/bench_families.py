@@ -10,7 +10,7 @@ bytes, measured side by side in one run (issue 26), for the chapter book/generat
 Each variant is built tiny but not trivial (4 layers, width 256, 8 heads of 32, 2 key/value
 heads, vocabulary 4096, a 256-token prompt) as a Hugging Face model first; tfbook's copy holds
 the same weights (`tfbook_from_hf_llama`), and the outputs are checked to agree before any
-timing:
+timing (within 1e-4 of the largest HF output, and the same greedy tokens; else the run stops):
 
 - "llama": LlamaForCausalLM, the baseline every other row adds one setting to;
 - "qwen3": Qwen3ForCausalLM, QK-norm (qk_norm=True);
@@ -215,6 +215,18 @@ def formula_bytes(attention: str, n_kv_heads: int | None = None) -> int:
         n_kv_heads=n_kv_heads, head_size=SHAPE["head_dim"])
 
 
+AGREE = 1e-4  # |tfbook - HF| at most this fraction of max |HF|: float32 rounding, not a bug
+
+
+def check_agreement(name: str, check: dict) -> None:
+    """Refuse to time models that do not compute the same thing (a wrong copy would be timed
+    as if it were the same model): outputs within AGREE of HF's, the same greedy tokens."""
+    diffs = [v for k, v in check.items() if k.startswith("max_abs") and "reference" not in k]
+    scale = max(v for k, v in check.items() if k.startswith("max_abs") and "reference" in k)
+    if max(diffs) > AGREE * scale or check.get("same_greedy_tokens") is False:
+        raise RuntimeError(f"{name}: tfbook and HF disagree before timing: {check}")
+
+
 def bench_model_family(family: str, label: str, prompt: torch.Tensor, progress) -> dict:
     """Check, then time prefill and decoding of one family, tfbook vs HF, in turns."""
     hf = hf_model(family)
@@ -222,6 +234,7 @@ def bench_model_family(family: str, label: str, prompt: torch.Tensor, progress) 
     with torch.no_grad():
         ref = hf(prompt).logits
         diff = (ours(prompt).logits - ref).abs().max().item()
+    check_agreement(family, {"max_abs_diff": diff, "max_abs_reference": ref.abs().max().item()})
     total = (WARMUP + DECODE_ROUNDS) * STEPS
     dec = {"tfbook": Decoder(ours, prompt, total, hf=False), "hf": Decoder(hf, prompt, 0, True)}
     with torch.no_grad():
@@ -229,6 +242,10 @@ def bench_model_family(family: str, label: str, prompt: torch.Tensor, progress) 
                            PREFILL_ROUNDS, progress)
     t_decode = rounds({name: d.steps for name, d in dec.items()}, DECODE_ROUNDS, progress)
     tokens = {name: torch.cat(d.tokens, 1)[0].tolist() for name, d in dec.items()}
+    check = {"max_abs_diff": diff, "max_abs_reference": ref.abs().max().item(),
+             "same_greedy_tokens": tokens["tfbook"] == tokens["hf"],
+             "tokens_compared": len(tokens["hf"])}
+    check_agreement(family, check)
     positions = PROMPT + total
     ours_cache = dec["tfbook"].cache
     held = (ours_cache.layers[0].stored if hasattr(ours_cache.layers[0], "stored")
@@ -238,9 +255,7 @@ def bench_model_family(family: str, label: str, prompt: torch.Tensor, progress) 
         "label": label, "level": "model", "hf_class": type(hf).__name__,
         "tfbook": f"GPT({describe(ours.config)})",
         "hf_experts_implementation": getattr(hf.config, "_experts_implementation", None),
-        "check": {"max_abs_diff": diff, "max_abs_reference": ref.abs().max().item(),
-                  "same_greedy_tokens": tokens["tfbook"] == tokens["hf"],
-                  "tokens_compared": len(tokens["hf"])},
+        "check": check,
         "prefill": compare(t_prefill, "tfbook", "hf"),
         "decode": compare(t_decode, "tfbook", "hf", per=STEPS),
         "kv_bytes": {"positions": positions, "tfbook": dec["tfbook"].cache_bytes(),
@@ -367,6 +382,8 @@ def bench_mla(progress) -> dict:
         ref = hf(x)
         diff = (ours(x) - ref).abs().max().item()
         diff_absorbed = (ours(x, absorbed=True) - ref).abs().max().item()
+    check_agreement("mla", {"max_abs_diff": diff, "max_abs_diff_absorbed": diff_absorbed,
+                            "max_abs_reference": ref.abs().max().item()})
     dec = {"tfbook": LatentDecoder(ours, x, inputs, hf=False),
            "tfbook_absorbed": LatentDecoder(ours, x, inputs, hf=False, absorbed=True),
            "hf": LatentDecoder(hf, x, inputs, hf=True)}
@@ -377,16 +394,18 @@ def bench_mla(progress) -> dict:
     t_decode = rounds({name: d.steps for name, d in dec.items()}, DECODE_ROUNDS, progress)
     outs = {name: torch.cat(d.outputs[1:], 1) for name, d in dec.items()}  # decoded steps
     scale = outs["hf"].abs().max().item()
+    check = {"max_abs_diff": diff, "max_abs_diff_absorbed": diff_absorbed,
+             "max_abs_reference": ref.abs().max().item(),
+             "max_abs_decode_diff": (outs["tfbook"] - outs["hf"]).abs().max().item(),
+             "max_abs_decode_diff_absorbed":
+                 (outs["tfbook_absorbed"] - outs["hf"]).abs().max().item(),
+             "max_abs_decode_reference": scale, "steps_compared": outs["hf"].size(1)}
+    check_agreement("mla", check)
     return {
         "label": "MLA (DeepSeek-V3 attention)", "level": "attention",
         "hf_class": "DeepseekV3Attention", "tfbook": "tfbook.mla.MultiHeadLatentAttention",
         "layers": "4 x (x + attention(x)), no norm or MLP",
-        "check": {"max_abs_diff": diff, "max_abs_diff_absorbed": diff_absorbed,
-                  "max_abs_reference": ref.abs().max().item(),
-                  "max_abs_decode_diff": (outs["tfbook"] - outs["hf"]).abs().max().item(),
-                  "max_abs_decode_diff_absorbed":
-                      (outs["tfbook_absorbed"] - outs["hf"]).abs().max().item(),
-                  "max_abs_decode_reference": scale, "steps_compared": outs["hf"].size(1)},
+        "check": check,
         "prefill": compare(t_prefill, "tfbook", "hf"),
         "prefill_absorbed": compare(t_prefill, "tfbook_absorbed", "hf"),
         "decode": compare(t_decode, "tfbook", "hf", per=STEPS),
