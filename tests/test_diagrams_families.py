@@ -131,7 +131,9 @@ def test_the_masks_are_drawn_cell_by_cell_and_the_cache_is_read_back(T, window, 
     assert d.cache["after"] == list(range(max(0, at + 1 - keep), at + 1))
     assert d.cache["returned"] == [j for j in range(T) if d.masks["sliding"][at, j]]
     words = texts(panels(d)[2])
-    assert f"query at {at}" in words and f"window − 1 = {keep} positions" in words
+    assert f"query at {at}" in words
+    assert f"holds {len(d.cache['after'])} positions (at most window − 1 = {keep}" in words
+    assert f"a full KVCache holds all {at + 1}" in words
 
 
 def test_a_cache_that_keeps_too_much_is_refused(monkeypatch) -> None:
@@ -189,6 +191,19 @@ def test_qk_norm_arrows_are_the_modules_dataflow() -> None:
     assert helpers.numbers(labels["q_norm"]) == (1, 4, 5, D)
     assert helpers.numbers(labels["k_norm"]) == (1, 2, 5, D)
     assert f"(D,) = ({D},)" in texts(d.svg)
+
+
+def test_qk_norm_with_heads_of_another_size() -> None:
+    """Qwen3's heads need not split the width (Qwen3-0.6B: 16 heads of 128 in 1,024): the
+    figure reads H D from the module, C from its input."""
+    from tfbook.attention import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, n_kv_heads=2, bias=False, rope_base=10000.0,
+                              qk_norm=True, head_dim=16).eval()
+    d = qk_norm_figure(attn, torch.randn(1, 5, 32))
+    assert d.wired and d.shapes["q_norm"] == (1, 4, 5, 16) and d.shapes["gain"] == (16,)
+    assert helpers.numbers(d.shape_labels["output"]) == (1, 5, 32)
 
 
 def test_qk_norm_bad_input_is_refused() -> None:

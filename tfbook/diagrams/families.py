@@ -143,8 +143,9 @@ def _rolling_cache(window: int, at: int) -> dict[str, object]:
     full.layers[0].update(new, new.clone())
     return {"before": before, "returned": held_of(returned), "after": held_of(layer.keys),
             "mask": layer.mask(1)[0].tolist(), "key_positions": layer.key_positions.tolist(),
-            "bytes": rolling.memory_bytes(), "full_bytes": full.memory_bytes(),
-            "per_position": 2 * new.element_size() * new.size(-1)}
+            # positions held, from the bytes each cache holds (K and V of one position each)
+            "held": rolling.memory_bytes() // (2 * new.element_size() * new.size(-1)),
+            "full": full.memory_bytes() // (2 * new.element_size() * new.size(-1))}
 
 
 def _cache_canvas(window: int, at: int, seen: dict[str, object], window_row: list[bool],
@@ -167,9 +168,9 @@ def _cache_canvas(window: int, at: int, seen: dict[str, object], window_row: lis
     read = [j for j, b in enumerate(window_row) if b]
     y = _lines(c, 0, y, f"the window's row {at} (outlined) reads {_positions(read)}: the "
                         "same keys")
-    y = _lines(c, 0, y, f"held: window − 1 = {window - 1} positions, "
-                        f"{seen['bytes']} bytes (K and V) at any length; a full cache holds "
-                        f"all {n}: {seen['full_bytes']} bytes", key="bytes")
+    y = _lines(c, 0, y, f"its memory holds {seen['held']} positions (at most window − 1 = "
+                        f"{window - 1}, at any length); a full KVCache holds all "
+                        f"{seen['full']}", key="held")
     _lines(c, 0, y, "dashed: not held; orange: the new position")
     return c
 
@@ -222,6 +223,9 @@ def sliding_window_figure(T: int = 8, window: int = 3, decode_at: int | None = N
     if [j for j, b in enumerate(row) if b] != seen["returned"]:
         raise RuntimeError(f"the cache returned positions {seen['returned']} to the query at "
                            f"{at}, but the window's row reads {row}")
+    if seen["held"] != len(seen["after"]) or seen["full"] != at + 1:
+        raise RuntimeError(f"the caches hold {seen['held']} and {seen['full']} positions, "
+                           f"their keys say {len(seen['after'])} and {at + 1}")
     if seen["key_positions"] != seen["returned"] or not all(seen["mask"]):
         raise RuntimeError("the cache's key_positions or mask disagree with the keys it "
                            "returned")
@@ -282,7 +286,7 @@ def qk_norm_figure(attn: object, x: Tensor) -> Diagram:
         raise ValueError("qk_norm_figure draws an attention with QK-norm and RoPE: build it "
                          f"with qk_norm=True and a rope_base (got qk_norm="
                          f"{attn.q_norm is not None}, rope_base={attn.rope_base})")
-    C = attn.n_heads * attn.head_size
+    C = getattr(attn, "d_model", attn.n_heads * attn.head_size)  # H D unless head_dim says
     if not (isinstance(x, Tensor) and x.dim() == 3 and x.size(-1) == C
             and x.is_floating_point()):
         raise ValueError(f"x must be a float tensor of shape (B, T, {C}), got "
