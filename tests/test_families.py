@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tfbook.checkpoints.hf_llama import tfbook_from_hf_llama
+from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama
 from tfbook.families import (
     RELEASED,
     TINY_FAMILIES,
@@ -30,7 +30,7 @@ from tfbook.families import (
 )
 from tfbook.mla import LatentCache, MultiHeadLatentAttention, kv_cache_bytes_per_token
 from tfbook.models.gpt import GPT, gpt_on_meta
-from tfbook.models.llama import mistral_7b, mixtral_8x7b, qwen3_8b, smollm2_135m
+from tfbook.models.llama import mistral_7b, mixtral_8x7b, qwen3_0_6b, qwen3_8b, smollm2_135m
 from tfbook.models.params import count_parameters
 from tfbook.paths import book_file
 from tfbook.sliding_window import SlidingWindowKVCache
@@ -168,24 +168,37 @@ def test_live_latent_cache_holds_the_computed_bytes():
     assert kv_cache_bytes(m, 7) == m.n_layers * one_layer
 
 
-@pytest.mark.parametrize("name", ["GPT-2 small", "Llama-2-7B", "SmolLM2-135M",
-                                  "Mistral-7B-v0.1", "Qwen3-8B", "Mixtral-8x7B"])
+EXPRESSIBLE = ["GPT-2 small", "Llama-2-7B", "Llama-3.1-8B", "SmolLM2-135M", "Mistral-7B-v0.1",
+               "Qwen3-8B", "Qwen3-0.6B", "Mixtral-8x7B"]
+
+
+@pytest.mark.parametrize("name", EXPRESSIBLE)
 def test_gpt_config_builds_the_same_model(name):
     config = gpt_config(name)
     assert count_parameters(gpt_on_meta(config)) == parameter_count(name)
+    assert config.head_size == released(name).head_size
+    if name != "GPT-2 small":  # the HF loader reads the same config to the same GPTConfig
+        assert config_from_hf_llama(hf_config(name)) == config
+
+
+def test_gpt_config_carries_rope_scaling_and_head_dim():
+    assert gpt_config("Llama-3.1-8B").rope_scaling == {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert gpt_config("Qwen3-0.6B").head_dim == 128 and gpt_config("Qwen3-8B").head_dim is None
 
 
 def test_gpt_config_equals_the_presets():
     assert gpt_config("Qwen3-8B") == qwen3_8b()
     assert gpt_config("Mistral-7B-v0.1") == mistral_7b()
     assert gpt_config("Mixtral-8x7B") == mixtral_8x7b()
+    assert gpt_config("Qwen3-0.6B") == qwen3_0_6b()
     smol = smollm2_135m()  # the GGUF's layout: RoPE on adjacent pairs, float64 angles
     assert gpt_config("SmolLM2-135M") == dataclasses.replace(
         smol, rope_convention="half", rope_precision="float32")
 
 
-@pytest.mark.parametrize("name, words", [("Qwen3-0.6B", "head size"),
-                                         ("DeepSeek-V3", "latent attention"),
+@pytest.mark.parametrize("name, words", [("DeepSeek-V3", "latent attention"),
                                          ("DeepSeek-V2-Lite", "latent attention")])
 def test_gpt_config_says_what_it_cannot_express(name, words):
     with pytest.raises(ValueError, match=words):
@@ -240,7 +253,8 @@ def test_bad_sizes_are_refused():
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_tiny_hf_family_loads_into_the_one_block(family):
-    hf = tiny_hf_family(family)
+    hf = tiny_hf_family(family, rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                              "original_max_position_embeddings": 8})
     ours = tfbook_from_hf_llama(hf, attention="torch")
     ids = torch.randint(0, 97, (1, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -248,6 +262,16 @@ def test_tiny_hf_family_loads_into_the_one_block(family):
     assert (got - expected).abs().max() <= 2.0**-16 * expected.abs().max()
     assert ours.config.qk_norm == (family == "qwen3")
     assert ours.config.sliding_window == (4 if family == "mistral" else None)
+    assert ours.config.rope_scaling["rope_type"] == "yarn"
+
+
+def test_tiny_hf_family_dynamic_scaling_reads_its_length_from_max_position_embeddings():
+    hf = tiny_hf_family("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0,
+                                               "original_max_position_embeddings": 16})
+    assert hf.config.max_position_embeddings == 16
+    assert "original_max_position_embeddings" not in hf.config.rope_parameters
+    with pytest.raises(ValueError, match="rope_type must be one of"):
+        tiny_hf_family("llama", rope_scaling={"rope_type": "ntk", "factor": 2.0})
 
 
 def test_hf_mla_output_is_deepseek_v3_attention_with_our_weights():

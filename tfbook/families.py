@@ -30,7 +30,7 @@ d_R qk_rope_head_dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -376,22 +376,22 @@ def gpt_config(model: Released | str) -> GPTConfig:
     if m.n_experts is not None and (m.n_shared_experts or m.dense_layers):
         raise ValueError(f"{m.name}: shared experts and dense first layers are not GPTConfig "
                          "settings")
-    if m.head_size * m.n_heads != m.d_model:
-        raise ValueError(f"{m.name}: GPTConfig's head size is d_model / n_heads = "
-                         f"{m.d_model // m.n_heads}, the released model's is {m.head_size}")
-    if m.rope_scaling is not None:
-        raise ValueError(f"{m.name}: RoPE scaling ({m.rope_scaling.rope_type}) is not a "
-                         "GPTConfig setting yet")
     if m.rope_base is None:  # GPT-2
         return GPTConfig(vocab_size=m.vocab_size, max_len=m.max_len, n_layers=m.n_layers,
                          n_heads=m.n_heads, d_model=m.d_model, d_ff=m.d_ff, norm_eps=m.norm_eps)
-    return llama_config(
+    config = llama_config(
         vocab_size=m.vocab_size, max_len=m.max_len, n_layers=m.n_layers, d_model=m.d_model,
         n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, rope_base=m.rope_base,
         norm_eps=m.norm_eps, tie_weights=m.tie_weights, qk_norm=m.qk_norm,
         sliding_window=m.sliding_window, n_experts=m.n_experts,
         top_k=2 if m.top_k is None else m.top_k, rope_convention="half",
-        rope_precision="float32")
+        rope_precision="float32",
+        head_dim=None if m.head_size * m.n_heads == m.d_model else m.head_size)
+    if m.rope_scaling is None:
+        return config
+    scaling = {f.name: getattr(m.rope_scaling, f.name) for f in fields(RopeScaling)
+               if getattr(m.rope_scaling, f.name) is not None}
+    return replace(config, rope_scaling=scaling)
 
 
 # A tiny random Hugging Face model of each family, for the chapter's checks (the parity tests
@@ -401,14 +401,16 @@ TINY_HF = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_l
                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=None,
                eos_token_id=None, pad_token_id=None, initializer_range=0.2)
-TINY_FAMILIES = ("qwen3", "mistral", "mixtral")
+TINY_FAMILIES = ("llama", "qwen3", "mistral", "mixtral")
 
 
 def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: int = 2,
-                   seed: int = 0) -> nn.Module:
-    """A tiny random `Qwen3ForCausalLM` ("qwen3"), `MistralForCausalLM` with a sliding window
-    ("mistral") or `MixtralForCausalLM` ("mixtral"), in eval mode, with HF's sdpa attention
-    and random norm gains (HF starts them at one, which would hide a missing gain)."""
+                   rope_scaling: dict | None = None, seed: int = 0) -> nn.Module:
+    """A tiny random `LlamaForCausalLM` ("llama"), `Qwen3ForCausalLM` ("qwen3"),
+    `MistralForCausalLM` with a sliding window ("mistral") or `MixtralForCausalLM`
+    ("mixtral"), in eval mode, with HF's sdpa attention and random norm gains (HF starts them
+    at one, which would hide a missing gain). `rope_scaling`: a Hugging Face rope_scaling
+    dict ({"rope_type": "yarn", "factor": 4.0, ...}), None for plain RoPE."""
     import transformers
 
     if family not in TINY_FAMILIES:
@@ -417,14 +419,23 @@ def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: i
         _positive("tiny_hf_family", name, value)
     if top_k > n_experts:
         raise ValueError(f"tiny_hf_family: top_k={top_k} is more than n_experts={n_experts}")
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope_scaling is not None:
+        rope = {**rope, **RopeScaling.from_dict(rope_scaling).__dict__}  # checked first
+        rope = {k: v for k, v in rope.items() if v is not None}
+    settings = {**TINY_HF, "rope_parameters": rope}
+    if rope.get("rope_type") == "dynamic":  # HF's dynamic scaling reads L from here
+        settings["max_position_embeddings"] = rope.pop("original_max_position_embeddings")
     torch.manual_seed(seed)
-    if family == "qwen3":
-        config = transformers.Qwen3Config(rms_norm_eps=1e-6, **TINY_HF)
+    if family == "llama":
+        config = transformers.LlamaConfig(**settings)
+    elif family == "qwen3":
+        config = transformers.Qwen3Config(rms_norm_eps=1e-6, **settings)
     elif family == "mistral":
-        config = transformers.MistralConfig(sliding_window=window, **TINY_HF)
+        config = transformers.MistralConfig(sliding_window=window, **settings)
     else:
         config = transformers.MixtralConfig(num_local_experts=n_experts,
-                                            num_experts_per_tok=top_k, **TINY_HF)
+                                            num_experts_per_tok=top_k, **settings)
         config._experts_implementation = "eager"  # HF's loop over experts
     config._attn_implementation = "sdpa"
     hf = getattr(transformers, f"{family.capitalize()}ForCausalLM")(config)
