@@ -205,11 +205,35 @@ HOSTILE = {
                      r"tensor 'w' has unknown storage type 99"),
     "partial block": (header(1, 1) + ARCH + tensor_info("w", [33, 2], type_id=8),
                       r"'w' \(Q8_0\): its first dim 33 is not a multiple of the block of 32"),
+    "huge dim": (header(1, 1) + ARCH + tensor_info("w", [0, 2**64 - 1]) + bytes(64),
+                 r"tensor 'w': dims \[0, 18446744073709551615\], expected each at most "
+                 r"9,223,372,036,854,775,807"),
     "data past the end": (header(1, 1) + ARCH + tensor_info("w", [2**20]) + bytes(64),
                           r"tensor 'w' needs 4,194,304 bytes at offset \d+, the file has \d+"),
     "alignment": (header(0, 2) + ARCH + kv("general.alignment", 4, struct.pack("<I", 3)),
                   r"general.alignment must be a uint32 power of two, got 3"),
     "cut in a value": (header(0, 1) + kv("a", 10, b"\1\2"), r"metadata 'a' needs 8 bytes"),
+    # the items of an array of strings are read in one loop; each defect still named
+    "string item not UTF-8": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 8, 2) + text("ok")
+                                                 + text(b"\xff")),
+                              r"item 1 of metadata 'a' is not UTF-8 text"),
+    "string item length": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 8, 2) + text("ok")
+                                              + struct.pack("<Q", 2**40) + bytes(8)),
+                           r"bytes of item 1 of metadata 'a': 1,099,511,627,776 announced"),
+    "string item cut": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 8, 2) + text("abcdefgh")
+                                           + bytes(4)),
+                        r"the count of bytes of item 1 of metadata 'a' needs 8 bytes at "
+                        r"offset \d+, 4 left"),
+    "string item past the end": (header(0, 1) + kv("a", 9, struct.pack("<IQ", 8, 2)
+                                                    + text("ok") + text("abcdefgh")[:-1]),
+                                 r"bytes of item 1 of metadata 'a': 8 announced, .* cannot "
+                                 r"fit in the 7 bytes left"),
+    "key twice": (header(0, 2) + ARCH + ARCH, r"metadata 'general.architecture' appears twice"),
+    "tensor twice": (header(2, 1) + ARCH + tensor_info("w", [4]) + tensor_info("w", [4])
+                     + bytes(64), r"tensor 'w' appears twice"),
+    "alignment type": (header(0, 2) + ARCH + kv("general.alignment", 5, struct.pack("<i", 64)),
+                       r"general.alignment must be a uint32 power of two, got 64 stored as "
+                       r"value type 5"),
     "version 1": (header(0, 0, version=1), r"expected format version 2 or 3 .*got version 1"),
 }
 
