@@ -49,6 +49,7 @@ from tfbook.models.llama import (
 from tfbook.models.params import count_parameters
 from tfbook.moe import MoEFeedForward, load_balancing_loss
 from tfbook.sliding_window import SlidingWindowKVCache
+from tfbook.train.loop import MoELoss, TrainConfig, train
 
 F64_RELATIVE = 2.0**-40  # see the module docstring
 TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -275,6 +276,51 @@ def test_moe_load_balancing_loss_equals_hf(hf_norms_in_float64):
     aux = load_balancing_loss([m.router_logits for m in moes], 4, 2)
     np.testing.assert_allclose(float(aux), float(expected), rtol=2.0**-40)
     assert all(int(m.tokens_per_expert.sum()) == IDS.numel() * 2 for m in moes)
+
+
+def test_moe_training_loss_and_router_gradient_equal_hf(hf_norms_in_float64):
+    """MoELoss (cross-entropy + coef x load balance) equals MixtralForCausalLM's training loss
+    with output_router_logits=True, and so does the gradient reaching every router. HF takes
+    the cross-entropy of float32 logits (it upcasts, and a float64 model's logits are rounded
+    down to float32): the two agree to float32's rounding, 2^-20 of their size with margin."""
+    hf = FAMILIES["mixtral"]("sdpa").double()
+    hf.router_aux_loss_coef = 0.02  # Mixtral-8x7B's (the model copies it from its config)
+    ours = tfbook_from_hf_llama(hf, attention="reference").double()
+    expected = hf(IDS, labels=IDS, output_router_logits=True).loss
+    expected.backward()
+    ignore = torch.full_like(IDS[:, :1], -100)
+    loss = MoELoss(0.02)(ours, (IDS, torch.cat([IDS[:, 1:], ignore], dim=1)))
+    loss.backward()
+    assert abs(loss.item() - expected.item()) <= 2.0**-20 * expected.item()
+    for i, block in enumerate(ours.blocks):
+        hf_grad = hf.model.layers[i].mlp.gate.weight.grad
+        assert hf_grad.abs().max() > 0
+        np.testing.assert_allclose(block.ff.router.weight.grad.numpy(), hf_grad.numpy(),
+                                   rtol=0, atol=2.0**-20 * float(hf_grad.abs().max()))
+    # without the balance term the loss is the cross-entropy alone, a different number
+    assert abs(MoELoss(0.0)(ours, (IDS, torch.cat([IDS[:, 1:], ignore], dim=1))).item()
+               - loss.item()) > 1e-3
+    with pytest.raises(ValueError, match="MoELoss needs a model with mixture-of-experts"):
+        MoELoss()(GPT(tiny_llama()), (IDS, IDS))
+    with pytest.raises(ValueError, match="MoELoss: coef must be a number >= 0, got -1"):
+        MoELoss(-1)
+
+
+def test_the_one_training_loop_trains_a_mixture_of_experts():
+    """A tiny MoE GPT through `train` with MoELoss: the loss falls on a repeated batch and
+    every router weight moves (the balance term reaches it)."""
+    torch.manual_seed(0)
+    model = GPT(llama_config(vocab_size=97, max_len=16, n_layers=2, d_model=32, n_heads=4,
+                             n_kv_heads=2, d_ff=48, n_experts=4, top_k=2))
+    routers = [block.ff.router.weight.detach().clone() for block in model.blocks]
+    x = IDS[:, :12]
+    batch = (x, torch.cat([x[:, 1:], torch.full_like(x[:, :1], -100)], dim=1))
+    history = train(model, lambda generator: batch,
+                    TrainConfig(steps=8, lr=1e-2, schedule="constant"), loss_fn=MoELoss(0.02),
+                    progress=False)
+    assert history.loss[-1] < history.loss[0]
+    assert all(not torch.equal(before, block.ff.router.weight)
+               for before, block in zip(routers, model.blocks, strict=True))
 
 
 def test_presets():

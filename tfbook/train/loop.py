@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from tfbook.config import check_choice, check_positive, is_int, is_number
 from tfbook.losses import IGNORE_INDEX, cross_entropy
+from tfbook.moe import MoEFeedForward, load_balancing_loss
 from tfbook.train.checkpoint import load_checkpoint, save_checkpoint
 from tfbook.train.optim import adamw, clip_grad_norm, global_grad_norm
 from tfbook.train.schedules import inverse_sqrt, warmup_cosine, warmup_linear
@@ -129,6 +130,29 @@ def lm_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> Ten
     x, y = batch
     logits = model(x).logits  # (B, T, V)
     return cross_entropy(logits, y, label_smoothing=label_smoothing)
+
+
+class MoELoss:
+    """lm_loss plus `coef` times the load-balancing loss of every mixture-of-experts block
+    (tfbook.moe), the loss Mixtral trains with (Hugging Face's router_aux_loss_coef; 0.02 in
+    Mixtral-8x7B's config). Use it as `train(..., loss_fn=MoELoss(0.02))`. Every token of x
+    counts in the balance (a language-model batch has no padding)."""
+
+    def __init__(self, coef: float = 0.02) -> None:
+        if not is_number(coef) or not coef >= 0:
+            raise ValueError(f"MoELoss: coef must be a number >= 0, got {coef!r}")
+        self.coef = float(coef)
+
+    def __call__(self, model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> Tensor:
+        x, y = batch
+        logits = model(x).logits  # (B, T, V); each MoE block keeps its router logits (N, E)
+        moes = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+        if not moes:
+            raise ValueError("MoELoss needs a model with mixture-of-experts blocks (ffn='moe'), "
+                             f"got a {type(model).__name__} without one")
+        balance = load_balancing_loss([m.router_logits for m in moes], moes[0].n_experts,
+                                      moes[0].top_k)
+        return cross_entropy(logits, y, label_smoothing=label_smoothing) + self.coef * balance
 
 
 def seq2seq_loss(model: nn.Module, batch: dict[str, Tensor], label_smoothing: float = 0.0
