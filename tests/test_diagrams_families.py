@@ -72,6 +72,14 @@ SCALINGS = {
     "Llama 3 ×8": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
                    "low_freq_factor": 1.0, "high_freq_factor": 4.0},
 }
+def query_latent_mla():
+    from tfbook.mla import MultiHeadLatentAttention
+
+    torch.manual_seed(0)
+    return MultiHeadLatentAttention(64, 4, kv_lora_rank=16, qk_nope_head_dim=16,
+                                    qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=24).eval()
+
+
 HOSTILE = ["<script>", "&amp;", '"q"', "</svg>", "\u202e", " a", "\n", "x" * 30]
 
 
@@ -86,6 +94,7 @@ def drawings() -> dict[str, object]:
         "moe": moe_figure(moe, x, TOKENS),
         "moe, hostile tokens": moe_figure(moe, x, HOSTILE),
         "mla": mla_figure(mla, x_mla, n_kv_heads=2),
+        "mla, query latent": mla_figure(query_latent_mla(), x_mla, n_kv_heads=1),
         "rope scaling": rope_scaling_figure(64, 500000.0, SCALINGS),
     }
 
@@ -302,6 +311,16 @@ def test_mla_arrows_are_the_modules_dataflow_and_the_bytes_its_cache() -> None:
     assert "= 24 numbers" in words and "holds 96 bytes per token" in words
     assert helpers.numbers(d.shape_labels["naive.cached"]) == (1, 1, 6, 16)
     assert helpers.numbers(d.shape_labels["absorbed.q_latent"]) == (1, 4, 6, 16)
+
+
+def test_mla_with_a_query_latent() -> None:
+    """DeepSeek-V2/V3 compress the queries too (q_lora_rank): the query box is W_UQ's output,
+    reached from X through the query latent, and the arrows still hold."""
+    d = mla_figure(query_latent_mla(), torch.randn(1, 6, 64), n_kv_heads=1)
+    assert d.wired and d.flows["naive"].sources("q_proj") == {"q_a_layernorm"}
+    assert "q = cQ WUQ" in texts(panels(d)[0]) and "24 wide" in texts(panels(d)[0])
+    assert d.bytes_per_token == {"mha": 512, "gqa": 128, "mla": 96}
+    assert max(d.phone_widths) <= PHONE_COLUMN
 
 
 def test_mla_bad_input_is_refused() -> None:

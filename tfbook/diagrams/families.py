@@ -499,7 +499,9 @@ def _run_mla(mla: object, x: Tensor, absorbed: bool) -> tuple[Recorder, dict, ob
             shapes[name] = tuple(out.shape)
         return hook
 
-    handles = [mla.q_proj.register_forward_hook(keep("q_proj")),
+    # the queries' last projection: W_Q, or W_UQ after a query latent (q_lora_rank)
+    q_last = mla.q_proj if mla.q_lora_rank is None else mla.q_b_proj
+    handles = [q_last.register_forward_hook(keep("q_proj")),
                mla.kv_a_layernorm.register_forward_hook(keep("kv_a_layernorm")),
                mla.kv_b_proj.register_forward_hook(keep("kv_b_proj")),
                mla.register_forward_hook(keep("output"))]
@@ -531,6 +533,8 @@ def _run_mla(mla: object, x: Tensor, absorbed: bool) -> tuple[Recorder, dict, ob
         mla_module.rotate_planes = plain_rotate
         for h in handles:
             h.remove()
+    if mla.q_lora_rank is not None:  # the queries under one name, with or without a latent
+        rec.flow.alias("q_proj", "q_b_proj")
     shapes["q_rope"], shapes["k_rope"] = turned
     shapes["weights"] = tuple(weights.shape)
     if absorbed:
@@ -539,6 +543,11 @@ def _run_mla(mla: object, x: Tensor, absorbed: bool) -> tuple[Recorder, dict, ob
             raise RuntimeError(f"the absorbed form made no einsum named {missing}: update "
                                "ABSORBED_STEPS to MultiHeadLatentAttention.forward")
     return rec, shapes, cache
+
+
+def _q_title(mla: object) -> str:
+    """The queries' box: q = X W_Q, or q = c_Q W_UQ with a query latent (DeepSeek-V2/V3)."""
+    return "q = X W_{Q}" if mla.q_lora_rank is None else "q = c_{Q} W_{UQ}"
 
 
 def _mla_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Canvas:
@@ -552,9 +561,10 @@ def _mla_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Canvas:
     nodes = {
         "x": Node("input X", tuple(x.shape), ("B", "T", "C"), "stream", "x", flow="x",
                   stack=True),
-        "q": Node("q = X W_{Q}", shapes["q_proj"], ("B", "T", "H d_q"), "attn", "q",
-                  flow="q_proj", stack=True, note=f"d_q = d_N + d_R = {dN} + {dR}",
-                  wrap=wrap),
+        "q": Node(_q_title(mla), shapes["q_proj"], ("B", "T", "H d_q"), "attn", "q",
+                  flow="q_proj", stack=True, note=f"d_q = d_N + d_R = {dN} + {dR}"
+                  + ("" if mla.q_lora_rank is None else
+                     f"; c_Q = RMSNorm(X W_DQ), {mla.q_lora_rank} wide"), wrap=wrap),
         "c": Node("latent c", shapes["kv_a_layernorm"], ("B", "T", "r"), "embed", "latent",
                   flow="kv_a_layernorm", stack=True, note="RMSNorm(X W_DKV)", wrap=wrap),
         "qr": Node("RoPE on q_R", shapes["q_rope"], ("B", "H", "T", "d_R"), "plain", "q_rope",
@@ -642,7 +652,7 @@ def _absorbed_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Can
     nodes = {
         "x": Node("input X", tuple(x.shape), ("B", "T", "C"), "stream", "x", flow="x",
                   stack=True),
-        "q": Node("q = X W_{Q}", shapes["q_proj"], ("B", "T", "H d_q"), "attn", "q",
+        "q": Node(_q_title(mla), shapes["q_proj"], ("B", "T", "H d_q"), "attn", "q",
                   flow="q_proj", stack=True),
         "cache": Node("LatentCache", shapes["cached_latent"], ("B", "1", "S", "r"), "embed",
                       "cached", stack=True,
