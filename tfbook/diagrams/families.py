@@ -587,7 +587,7 @@ def _mla_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Canvas:
                   flow="output", stack=True),
     }
     w = max(n.width for n in nodes.values())
-    gap, side = 22.0, 14.0
+    gap, side = 20.0, 12.0
     xl, xr, mid = side + w / 2, side + w + gap + w / 2, side + w + gap / 2
     right = side + 2 * w + gap + side  # the far right route
     R: dict[str, Rect] = {}
@@ -674,7 +674,7 @@ def _absorbed_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Can
                   flow="absorbed", stack=True),
     }
     w = max(n.width for n in nodes.values())
-    gap, side = 22.0, 14.0
+    gap, side = 20.0, 12.0
     xl, xr, mid = side + w / 2, side + w + gap + w / 2, side + w + gap / 2
     right = side + 2 * w + gap + side
     R: dict[str, Rect] = {}
