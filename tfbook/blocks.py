@@ -17,8 +17,8 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
 key/value heads (grouped-query attention), RoPE inside attention (its base and pair
 convention), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of experts
-(ffn="moe", Mixtral) and the kernels;
-a Llama-style decoder is a GPT with another `BlockConfig`.
+(ffn="moe", Mixtral), multi-head latent attention (kv_lora_rank, DeepSeek-V2/V3) and the
+kernels; a Llama-style decoder is a GPT with another `BlockConfig`.
 It is the one source of block settings: every model config builds its own with
 `block_config_of`, which copies the fields of the same name and checks them in the model
 config's words.
@@ -37,6 +37,7 @@ from tfbook.cache import LayerCache
 from tfbook.config import check_bool, check_choice, check_positive, is_number
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.hooks import HookPoint
+from tfbook.mla import MultiHeadLatentAttention, check_mla_settings
 from tfbook.moe import ROUTINGS, MoEFeedForward
 from tfbook.normalization import NORMS, make_norm
 
@@ -73,12 +74,36 @@ class BlockConfig:
     n_experts: int = 8
     top_k: int = 2
     routing: str = "renormalised"
+    # Multi-head latent attention (DeepSeek-V2/V3, tfbook.mla) replaces the attention when
+    # kv_lora_rank is set; the other MLA fields are read only then (defaults: DeepSeek's).
+    kv_lora_rank: int | None = None  # r, width of the cached latent each K and V comes from
+    q_lora_rank: int | None = None  # the queries' own latent width; None = queries from x
+    qk_nope_head_dim: int = 128  # d_N, per-head query/key part without position (from c)
+    qk_rope_head_dim: int = 64  # d_R, the RoPE part; one rotated key shared by all heads
+    v_head_dim: int = 128  # d_V, per-head value size
+    mla_absorbed: bool = False  # W_UK folded into the query, W_UV into W_O (the same function)
 
     def __post_init__(self) -> None:
         check_block_settings(self, owner="BlockConfig")
 
-    def make_attention(self) -> MultiHeadAttention:
+    @property
+    def rope_head_size(self) -> int:
+        """The width RoPE rotates: the head size C / H, or qk_rope_head_dim with MLA."""
+        if self.kv_lora_rank is not None:
+            return self.qk_rope_head_dim
+        return self.d_model // self.n_heads
+
+    def make_attention(self) -> MultiHeadAttention | MultiHeadLatentAttention:
         """The attention sub-layer this config describes."""
+        if self.kv_lora_rank is not None:
+            return MultiHeadLatentAttention(
+                self.d_model, self.n_heads, kv_lora_rank=self.kv_lora_rank,
+                q_lora_rank=self.q_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
+                qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim,
+                bias=self.bias, rope_base=self.rope_base, rope_convention=self.rope_convention,
+                rope_precision=self.rope_precision, eps=self.norm_eps,
+                attention=self.attention, dropout=self.dropout, absorbed=self.mla_absorbed,
+            )
         return MultiHeadAttention(
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias,
             attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
@@ -103,6 +128,7 @@ class BlockConfig:
 def check_block_settings(settings: Any, owner: str) -> None:
     """Check every BlockConfig field of `settings`; errors name `owner` (the config checked)."""
     check_attention_settings(settings, owner)
+    check_mla_settings(settings, owner)
     check_positive(settings, "d_ff", owner=owner)
     check_choice(settings, "activation", ACTIVATIONS, owner=owner)
     check_choice(settings, "norm", NORMS, owner=owner)
@@ -112,7 +138,8 @@ def check_block_settings(settings: Any, owner: str) -> None:
         raise ValueError(f"{owner}: top_k={settings.top_k} experts per token cannot exceed "
                          f"n_experts={settings.n_experts}")
     check_choice(settings, "routing", ROUTINGS, owner=owner)
-    check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", owner=owner)
+    check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", "mla_absorbed",
+               owner=owner)
     if not is_number(settings.norm_eps) or not settings.norm_eps > 0:
         raise ValueError(f"{owner}: norm_eps must be > 0, got {settings.norm_eps!r}")
 
@@ -198,6 +225,10 @@ class CrossAttentionBlock(nn.Module):
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
+        if config.kv_lora_rank is not None:
+            raise ValueError("CrossAttentionBlock: multi-head latent attention is causal "
+                             "self-attention only (a decoder-only block); got kv_lora_rank="
+                             f"{config.kv_lora_rank}: leave it None")
         self.norm_first = config.norm_first
         self.self_attn = config.make_attention()
         self.norm1 = config.make_norm()

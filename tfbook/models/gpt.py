@@ -6,8 +6,9 @@
 
 GPT-2 and a Llama-style decoder such as SmolLM2 are the same class with different configs
 (`tfbook.models.llama`): LayerNorm or RMSNorm, GELU MLP or SwiGLU, learned positions or RoPE,
-all key/value heads or grouped ones. Shape legend: B batch, T sequence, S positions seen
-(T plus those in the cache), C model width, H heads, V vocab.
+all key/value heads or grouped ones; DeepSeek-V2/V3's multi-head latent attention is one more
+setting (kv_lora_rank), with its own cache of latents. Shape legend: B batch, T sequence,
+S positions seen (T plus those in the cache), C model width, H heads, V vocab.
 """
 
 import math
@@ -22,6 +23,7 @@ from tfbook.config import check_choice, check_positive
 from tfbook.embeddings import TokenEmbedding, check_token_ids
 from tfbook.losses import cross_entropy
 from tfbook.masks import padding_mask
+from tfbook.mla import LatentKVCache
 from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
 from tfbook.rope import rope_cos_sin
@@ -60,10 +62,22 @@ class GPTConfig:
     n_experts: int = 8  # ffn="moe": SwiGLU experts per block (Mixtral)
     top_k: int = 2  # ffn="moe": experts each token is sent to
     routing: str = "renormalised"  # ffn="moe": how the k experts' weights are formed
+    # multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank is set; needs RoPE
+    kv_lora_rank: int | None = None  # r, width of the cached latent; None = plain attention
+    q_lora_rank: int | None = None  # the queries' latent width; None = queries from x directly
+    qk_nope_head_dim: int = 128  # d_N, per-head query/key part computed from the latent
+    qk_rope_head_dim: int = 64  # d_R, the RoPE part (one rotated key shared by all heads)
+    v_head_dim: int = 128  # d_V, per-head value size
+    mla_absorbed: bool = False  # MLA's absorbed form (W_UK into the query, W_UV into W_O)
 
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
         check_choice(self, "position", POSITIONS)
+        if self.kv_lora_rank is not None and self.position != "rope":
+            raise ValueError(
+                f"GPTConfig: multi-head latent attention (kv_lora_rank={self.kv_lora_rank!r}) "
+                f"rotates its decoupled key with RoPE: it needs position='rope', got "
+                f"{self.position!r}")
         self.block_config()  # checks the block settings, in GPTConfig's words
 
     def block_config(self) -> BlockConfig:
@@ -114,21 +128,27 @@ class GPT(nn.Module):
         # std 0.02 / sqrt(2N), so that the sum of 2N contributions keeps a steady size
         for block in self.blocks:
             experts = getattr(block.ff, "experts", [block.ff])  # ffn="moe": each expert
-            for proj in (block.attn.out_proj, *(expert.fc_out for expert in experts)):
+            attn_out = getattr(block.attn, "out_proj", None) or block.attn.o_proj  # MLA: o_proj
+            for proj in (attn_out, *(expert.fc_out for expert in experts)):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
 
     def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
         """cos and sin of the rotary angles at `positions`, shared by every layer (None without
-        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T)."""
+        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T). D is the width
+        RoPE rotates: the head size, or qk_rope_head_dim with multi-head latent attention."""
         c = self.config
         if c.position != "rope":
             return None
-        return rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_precision, dtype)
+        D = c.head_size if c.kv_lora_rank is None else c.qk_rope_head_dim
+        return rope_cos_sin(positions, D, c.rope_base, c.rope_precision, dtype)
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
+    def new_cache(self, max_len: int | None = None) -> KVCache | LatentKVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
         `max_len` positions (default: the whole context; generate asks for what it needs).
-        With a sliding window, each layer keeps only the last window - 1 positions instead."""
+        With a sliding window, each layer keeps only the last window - 1 positions instead;
+        with multi-head latent attention, each layer keeps latents (`LatentKVCache`)."""
+        if self.config.kv_lora_rank is not None:
+            return LatentKVCache(self.config.n_layers, max_len or self.config.max_len)
         if self.config.sliding_window is not None:
             return SlidingWindowKVCache(self.config.n_layers, self.config.sliding_window)
         return KVCache(self.config.n_layers, max_len or self.config.max_len)
@@ -157,9 +177,12 @@ class GPT(nn.Module):
         B, T = idx.size()
         start = 0
         if cache is not None:
-            if not isinstance(cache, KVCache) or len(cache) != self.config.n_layers:
+            latent = self.config.kv_lora_rank is not None  # MLA stores latents, not K and V
+            if (not isinstance(cache, KVCache) or len(cache) != self.config.n_layers
+                    or isinstance(cache, LatentKVCache) != latent):
+                kind = "LatentKVCache" if latent else "KVCache"
                 raise ValueError(
-                    f"cache must be a KVCache with {self.config.n_layers} layers "
+                    f"cache must be a {kind} with {self.config.n_layers} layers "
                     f"(model.new_cache()), got {cache!r:.60}"
                 )
             cache.check_batch(B)
