@@ -289,6 +289,15 @@ def test_bad_block_settings_and_caches():
         LatentKVCache(1, 0)
 
 
+def test_head_size_of_the_width_need_not_be_even():
+    """MLA rotates qk_rope_head_dim, not C / H: a width of 36 over 4 heads (9 each) is fine
+    with MLA and refused without it (RoPE would rotate the 9-wide heads)."""
+    config = GPTConfig(**{**SMALL, "d_model": 36}, **DIMS)
+    assert GPT(config)(IDS[:, :3]).logits.shape == (2, 3, 97)
+    with pytest.raises(ValueError, match=r"GPTConfig: RoPE needs .* an even head size"):
+        GPTConfig(**{**SMALL, "d_model": 36})
+
+
 @pytest.mark.parametrize("changes,message", [
     ({"first_k_dense_replace": 1}, r"only dense blocks are supported: first_k_dense_replace=1"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,

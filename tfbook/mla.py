@@ -25,6 +25,12 @@ mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (Hugging Face's `yarn_get_mscale`
 YaRN's temperature would otherwise act on the RoPE part only; that adjustment is left to the
 RoPE-scaling setting and not applied here (the scale is 1 / sqrt(d_N + d_R)).
 
+In a model, `kv_lora_rank` in BlockConfig/GPTConfig turns the block's attention into this
+module (`BlockConfig.make_attention`). It takes the call of every tfbook attention (mask,
+causal, positions, cache, need_weights, and the RoPE table the model builds once per forward
+pass, here d_R wide), and `GPT.new_cache` gives a `LatentKVCache`, one `LatentCache` per
+layer, which generate, beam search and speculative decoding drive as they drive a KVCache.
+
 Weight names follow Hugging Face's `DeepseekV3Attention`, so its state dict loads as is.
 RoPE uses `tfbook.rope` ("interleaved" is HF's rope_interleave=True, "half" is False),
 RMSNorm `tfbook.normalization`, and the softmax path `tfbook.attention.attend`.
