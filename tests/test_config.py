@@ -110,7 +110,8 @@ OTHER_VALUE = {"d_model": 96, "n_heads": 16, "d_ff": 100, "dropout": 0.25, "acti
                "qk_norm": True, "sliding_window": 8, "n_experts": 4, "top_k": 1,
                "routing": "selected", "kv_lora_rank": 32, "q_lora_rank": 32,
                "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-               "mla_absorbed": True}
+               "mla_absorbed": True, "n_expert_groups": 2, "top_groups": 2,
+               "n_shared_experts": 1, "routed_scaling": 2.5}
 
 
 @pytest.mark.parametrize("field", SHARED)

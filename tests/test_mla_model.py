@@ -112,6 +112,46 @@ def float32_bound(config: GPTConfig, T: int, logits: torch.Tensor) -> float:
     return 2 * n * u / (1 - n * u) * (1 + float(logits.abs().max()))
 
 
+MOE = dict(first_k_dense_replace=0, n_routed_experts=8, num_experts_per_tok=3, n_group=4,
+           topk_group=2, moe_intermediate_size=12, n_shared_experts=2,
+           routed_scaling_factor=2.5)
+
+
+def deepseek_moe() -> DeepseekV3ForCausalLM:
+    """A tiny DeepSeek-V3 whose every block is a mixture of experts, with a random score bias
+    (HF starts it at zero, which would hide a bias that chose nothing)."""
+    torch.manual_seed(0)
+    config = DeepseekV3Config(q_lora_rank=24, attn_implementation="sdpa", **{**TINY, **MOE})
+    config._experts_implementation = "eager"  # HF's reference loop; the default has no float64
+    hf = DeepseekV3ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in [*hf.named_parameters(), *hf.named_buffers()]:
+            if "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+            elif "e_score_correction_bias" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+    return hf.eval()
+
+
+def test_every_block_a_mixture_of_experts_equals_hf(hf_norms_in_float64):
+    """DeepSeek-V3's MoE (routing="sigmoid": bias, 2 of 4 groups, 2 shared experts, scaling
+    2.5) in every block: float64 logits, cached and uncached, and greedy generate equal HF's."""
+    hf = deepseek_moe().double()
+    ours = tfbook_from_hf_deepseek_v3(hf, attention="reference").double()
+    c = ours.config
+    assert (c.ffn, c.routing, c.n_experts, c.top_k, c.n_expert_groups, c.top_groups,
+            c.n_shared_experts, c.routed_scaling, c.d_ff) == ("moe", "sigmoid", 8, 3, 4, 2, 2,
+                                                             2.5, 12)
+    expected = logits_of(hf, IDS)
+    atol = F64_RELATIVE * float(expected.abs().max())
+    for logits in (logits_of(ours, IDS), decode_steps(ours, IDS, CHUNKS)):
+        np.testing.assert_allclose(logits.numpy(), expected.numpy(), rtol=0, atol=atol)
+    ids = IDS[:, :6]
+    with torch.no_grad():
+        tokens = hf.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(generate(ours, ids, 8).tokens, tokens)
+
+
 def test_config_read_from_hf():
     config = config_from_hf_deepseek_v3(deepseek().config)
     assert (config.kv_lora_rank, config.q_lora_rank, config.qk_nope_head_dim,
@@ -299,7 +339,9 @@ def test_head_size_of_the_width_need_not_be_even():
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"first_k_dense_replace": 1}, r"only dense blocks are supported: first_k_dense_replace=1"),
+    ({"first_k_dense_replace": 1}, r"one BlockConfig serves every block: "
+                                   r"first_k_dense_replace=1 makes layers 0..0 dense"),
+    ({"first_k_dense_replace": 0, "norm_topk_prob": False}, r"expected norm_topk_prob=True"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                           "original_max_position_embeddings": 16}},
      r"only plain RoPE is supported, got rope_type='yarn'"),

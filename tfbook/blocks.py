@@ -17,8 +17,9 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
 key/value heads (grouped-query attention), RoPE inside attention (its base and pair
 convention), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of experts
-(ffn="moe", Mixtral), multi-head latent attention (kv_lora_rank, DeepSeek-V2/V3) and the
-kernels; a Llama-style decoder is a GPT with another `BlockConfig`.
+(ffn="moe", Mixtral; routing="sigmoid" with groups and shared experts, DeepSeek-V3),
+multi-head latent attention (kv_lora_rank, DeepSeek-V2/V3) and the kernels; a Llama-style
+decoder is a GPT with another `BlockConfig`.
 It is the one source of block settings: every model config builds its own with
 `block_config_of`, which copies the fields of the same name and checks them in the model
 config's words.
@@ -38,7 +39,7 @@ from tfbook.config import check_bool, check_choice, check_positive, is_number
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.hooks import HookPoint
 from tfbook.mla import MultiHeadLatentAttention, check_mla_settings
-from tfbook.moe import ROUTINGS, MoEFeedForward
+from tfbook.moe import ROUTINGS, MoEFeedForward, check_deepseek_settings
 from tfbook.normalization import NORMS, make_norm
 
 
@@ -74,6 +75,13 @@ class BlockConfig:
     n_experts: int = 8
     top_k: int = 2
     routing: str = "renormalised"
+    # DeepSeek-V3's MoE (routing="sigmoid"): experts in n_expert_groups groups, each token's
+    # chosen within the best top_groups; the k weights times routed_scaling; n_shared_experts
+    # experts (one SwiGLU n_shared_experts * d_ff wide) that every token goes through
+    n_expert_groups: int = 1
+    top_groups: int = 1
+    n_shared_experts: int = 0
+    routed_scaling: float = 1.0
     # Multi-head latent attention (DeepSeek-V2/V3, tfbook.mla) replaces the attention when
     # kv_lora_rank is set; the other MLA fields are read only then (defaults: DeepSeek's).
     kv_lora_rank: int | None = None  # r, width of the cached latent each K and V comes from
@@ -116,7 +124,10 @@ class BlockConfig:
         if self.ffn == "moe":
             return MoEFeedForward(self.d_model, self.d_ff, self.n_experts, self.top_k,
                                   self.routing, self.activation, self.dropout, self.bias,
-                                  self.fused_activation)
+                                  self.fused_activation, n_expert_groups=self.n_expert_groups,
+                                  top_groups=self.top_groups,
+                                  n_shared_experts=self.n_shared_experts,
+                                  routed_scaling=self.routed_scaling)
         return make_ffn(self.ffn, self.d_model, self.d_ff, self.activation, self.dropout,
                         self.bias, self.fused_activation)
 
@@ -138,6 +149,10 @@ def check_block_settings(settings: Any, owner: str) -> None:
         raise ValueError(f"{owner}: top_k={settings.top_k} experts per token cannot exceed "
                          f"n_experts={settings.n_experts}")
     check_choice(settings, "routing", ROUTINGS, owner=owner)
+    if settings.ffn == "moe":  # the DeepSeek settings; read only with ffn="moe"
+        check_deepseek_settings(settings.n_experts, settings.top_k, settings.routing,
+                                settings.n_expert_groups, settings.top_groups,
+                                settings.n_shared_experts, settings.routed_scaling, owner)
     check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", "mla_absorbed",
                owner=owner)
     if not is_number(settings.norm_eps) or not settings.norm_eps > 0:

@@ -62,6 +62,10 @@ class GPTConfig:
     n_experts: int = 8  # ffn="moe": SwiGLU experts per block (Mixtral)
     top_k: int = 2  # ffn="moe": experts each token is sent to
     routing: str = "renormalised"  # ffn="moe": how the k experts' weights are formed
+    n_expert_groups: int = 1  # routing="sigmoid" (DeepSeek-V3): groups the experts fall into
+    top_groups: int = 1  # routing="sigmoid": the groups each token's experts come from
+    n_shared_experts: int = 0  # ffn="moe": experts every token goes through (DeepSeek)
+    routed_scaling: float = 1.0  # ffn="moe": factor on the k routed weights (DeepSeek-V3 2.5)
     # multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank is set; needs RoPE
     kv_lora_rank: int | None = None  # r, width of the cached latent; None = plain attention
     q_lora_rank: int | None = None  # the queries' latent width; None = queries from x directly
@@ -127,7 +131,9 @@ class GPT(nn.Module):
         # GPT-2 (section 2.3): the layers that write into the residual stream start smaller,
         # std 0.02 / sqrt(2N), so that the sum of 2N contributions keeps a steady size
         for block in self.blocks:
-            experts = getattr(block.ff, "experts", [block.ff])  # ffn="moe": each expert
+            experts = [*getattr(block.ff, "experts", [block.ff])]  # ffn="moe": each expert
+            if getattr(block.ff, "shared", None) is not None:
+                experts.append(block.ff.shared)  # DeepSeek's shared experts
             attn_out = getattr(block.attn, "out_proj", None) or block.attn.o_proj  # MLA: o_proj
             for proj in (attn_out, *(expert.fc_out for expert in experts)):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))

@@ -15,6 +15,9 @@ Two later families are one more field each:
     Mixtral: each token goes to top_k of n_experts SwiGLUs     ffn="moe", n_experts, top_k
     DeepSeek-V2/V3: keys and values from a cached latent       kv_lora_rank (and q_lora_rank,
                     (multi-head latent attention)              qk_nope/qk_rope/v_head_dim)
+    DeepSeek-V3's experts: sigmoid scores, groups, shared      routing="sigmoid", n_expert_groups,
+                                                               top_groups, n_shared_experts,
+                                                               routed_scaling
 
 SmolLM2-135M (Allal et al. 2025) is such a model: 30 blocks of width 576, 9 query heads
 sharing 3 key/value heads, a 49,152-token vocabulary and the embedding tied to the output.
@@ -99,9 +102,12 @@ def deepseek_v3() -> GPTConfig:
     attention (latent r = 512, query latent 1536, d_N = 128, d_R = 64, d_V = 128), SwiGLU of
     width 18432, untied output, the 4,096-position context RoPE was trained at.
 
-    What this config cannot express: blocks 3..60 of the released model are mixtures of
-    256 routed experts (width 2048; 8 per token, chosen by sigmoid scores plus a bias, within
-    4 of 8 groups, weights scaled by 2.5) beside one shared expert; here every block is dense.
+    What this config cannot express: the released model mixes block kinds, the first 3 dense
+    and blocks 3..60 mixtures of 256 routed experts (width 2048; 8 per token, chosen by sigmoid
+    scores plus a bias, within 4 of 8 groups, weights scaled by 2.5) beside one shared expert,
+    while one BlockConfig serves every block. Those experts are a setting (ffn="moe",
+    routing="sigmoid", n_expert_groups=8, top_groups=4, n_shared_experts=1,
+    routed_scaling=2.5, d_ff=2048), but for all blocks at once; here every block is dense.
     The YaRN RoPE scaling to 163,840 positions (whose mscale also multiplies the softmax scale)
     and the multi-token-prediction module are left out too.
     """
