@@ -20,6 +20,7 @@ import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
 
+from tests.test_model_families import decode_steps, hf_decode_steps, logits_of
 from tfbook.blocks import BlockConfig, CrossAttentionBlock
 from tfbook.cache import KVCache
 from tfbook.checkpoints.hf_deepseek import (
@@ -70,32 +71,6 @@ def hf_norms_in_float64(monkeypatch):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
                                               + self.variance_epsilon))
     monkeypatch.setattr(DeepseekV3RMSNorm, "forward", forward)
-
-
-def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def decode_steps(model, ids: torch.Tensor, chunks: list[int]) -> torch.Tensor:
-    """Logits of `ids` fed through a new cache of `model` in chunks of the given sizes."""
-    cache, steps, start = model.new_cache(), [], 0
-    with torch.no_grad():
-        for size in chunks:
-            steps.append(model(ids[:, start:start + size], cache=cache).logits)
-            start += size
-    return torch.cat(steps, dim=1)
-
-
-def hf_decode_steps(hf, ids: torch.Tensor, chunks: list[int]) -> torch.Tensor:
-    steps, start, past = [], 0, None
-    with torch.no_grad():
-        for size in chunks:
-            out = hf(ids[:, start:start + size], past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            steps.append(out.logits)
-            start += size
-    return torch.cat(steps, dim=1)
 
 
 def float32_bound(config: GPTConfig, T: int, logits: torch.Tensor) -> float:
@@ -212,11 +187,13 @@ def test_greedy_generation_equals_hf_cached_and_uncached(hf_norms_in_float64):
         assert torch.equal(generate(ours, ids, 12, use_cache=use_cache).tokens, expected)
 
 
-def test_generate_through_the_latent_cache():
+@pytest.mark.parametrize("kernel,absorbed", [("reference", False), ("torch", True)])
+def test_generate_through_the_latent_cache(kernel, absorbed):
     """Sampling through the cache draws the tokens it draws without one; a left-padded row
     gets the tokens it gets alone; beams and early-exit speculation (crop, first_layers) give
-    their uncached or plain answers."""
-    ours = tfbook_from_hf_deepseek_v3(deepseek(), attention="reference").double()
+    their uncached or plain answers; with either form and kernel."""
+    ours = tfbook_from_hf_deepseek_v3(deepseek(), attention=kernel,
+                                      mla_absorbed=absorbed).double()
     prompts = [IDS[0, :6].tolist(), IDS[1, :3].tolist()]
 
     def sampled(use_cache, rows=prompts):

@@ -96,7 +96,7 @@ def sigmoid_route(
     logits (N, E) -> (weights (N, k) in float32, expert indices (N, k))."""
     N, E = logits.shape
     scores = torch.sigmoid(logits.float())  # (N, E), each in (0, 1) on its own
-    choice = scores if score_bias is None else scores + score_bias.float()  # (N, E)
+    choice = scores if score_bias is None else scores + score_bias  # (N, E), as HF adds them
     if n_groups > 1:
         grouped = choice.view(N, n_groups, E // n_groups)  # (N, G, E/G)
         group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G): best two each

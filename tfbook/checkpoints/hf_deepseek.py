@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tfbook.checkpoints.hf_llama import split_hf_experts
+from tfbook.checkpoints.hf_llama import load_converted, split_hf_experts
 from tfbook.checkpoints.names import expand_names
 from tfbook.models.gpt import GPT, GPTConfig
 
@@ -127,12 +127,5 @@ def tfbook_from_hf_deepseek_v3(
         raise ValueError(f"tensors the name table does not explain: {unknown[:3]}")
     state = {names[key]: tensor for key, tensor in hf_state.items()
              if tensor.numel() > 0}  # n_shared_experts=0: HF keeps empty shared experts
-    state.update(expert_state)
-    if config.tie_weights:
-        state.pop("lm_head.weight", None)  # tied: the embedding is the head
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or set(missing) != {"lm_head.weight"}:
-            raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
-    else:
-        model.load_state_dict(state, strict=True)
+    load_converted(model, {**state, **expert_state})
     return model.to(next(hf_model.parameters()).dtype)
