@@ -33,6 +33,7 @@ from tfbook.generate.speculative import EarlyExitDraft, speculative_generate
 from tfbook.mla import LatentKVCache, MultiHeadLatentAttention, kv_cache_bytes_per_token
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import deepseek_v3
+from tfbook.models.params import decoder_forward_flops
 
 F64_RELATIVE = 2.0**-40  # see the module docstring
 DIMS = dict(kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12)
@@ -304,6 +305,9 @@ def test_bad_block_settings_and_caches():
         plain(ids, cache=LatentKVCache(1, 16))
     with pytest.raises(ValueError, match=r"KVCache needs max_len >= 1, got 0"):
         LatentKVCache(1, 0)
+    with pytest.raises(ValueError, match=r"multi-head latent attention \(kv_lora_rank=16\) has "
+                                         r"others, not counted here"):
+        decoder_forward_flops(mla.config, 1, 8, 1)
 
 
 def test_head_size_of_the_width_need_not_be_even():
