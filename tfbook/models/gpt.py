@@ -124,6 +124,7 @@ class GPT(nn.Module):
             [SelfAttentionBlock(config.block_config()) for _ in range(config.n_layers)]
         )
         self.norm_f = config.block_config().make_norm()
+        self.rope_head_size = config.block_config().rope_head_size  # what RoPE rotates
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix to embed and unembed
@@ -145,8 +146,8 @@ class GPT(nn.Module):
         c = self.config
         if c.position != "rope":
             return None
-        D = c.head_size if c.kv_lora_rank is None else c.qk_rope_head_dim
-        return rope_cos_sin(positions, D, c.rope_base, c.rope_precision, dtype)
+        return rope_cos_sin(positions, self.rope_head_size, c.rope_base, c.rope_precision,
+                            dtype)
 
     def new_cache(self, max_len: int | None = None) -> KVCache | LatentKVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
