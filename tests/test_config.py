@@ -62,6 +62,13 @@ BAD = [
                                        r"query sees \(itself included\).*got 0"),
     (BlockConfig, {"sliding_window": 2.0}, r"BlockConfig: sliding_window .*got 2.0"),
     (GPTConfig, {"qk_norm": 1}, r"GPTConfig: qk_norm must be True or False, got 1"),
+    # multi-head latent attention (DeepSeek-V2/V3): more in test_mla_model
+    (GPTConfig, {"kv_lora_rank": 64}, r"GPTConfig: multi-head latent attention "
+                                      r"\(kv_lora_rank=64\) .*needs position='rope'"),
+    (BlockConfig, {"kv_lora_rank": 64, "rope_base": 1e4, "attention": "flash"},
+     r"BlockConfig: attention must be one of \('reference', 'torch'\) for multi-head latent"),
+    (BlockConfig, {"kv_lora_rank": 600, "rope_base": 1e4}, r"BlockConfig: kv_lora_rank=600 is "
+                                                           r"larger than the width d_model=512"),
 ]
 
 
@@ -102,7 +109,10 @@ OTHER_VALUE = {"d_model": 96, "n_heads": 16, "d_ff": 100, "dropout": 0.25, "acti
                "rope_base": 500.0, "rope_convention": "half", "rope_precision": "float32",
                "qk_norm": True, "sliding_window": 8, "n_experts": 4, "top_k": 1,
                "routing": "selected", "rope_scaling": {"rope_type": "linear", "factor": 2.0},
-               "head_dim": 8}
+               "head_dim": 8, "kv_lora_rank": 32, "q_lora_rank": 32,
+               "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+               "mla_absorbed": True, "n_expert_groups": 2, "top_groups": 2,
+               "n_shared_experts": 1, "routed_scaling": 2.5}
 
 
 @pytest.mark.parametrize("field", SHARED)

@@ -1,11 +1,14 @@
 """Mixture of experts: equal to Hugging Face's Mixtral sparse MoE block and its auxiliary loss."""
 
+import contextlib
+import unittest.mock
+
 import pytest
 import torch
 
 from tests.pinned_threads import THREAD_COUNTS, pinned_threads
 from tfbook.feedforward import SwiGLU
-from tfbook.moe import MoEFeedForward, load_balancing_loss, route
+from tfbook.moe import MoEFeedForward, load_balancing_loss, route, sigmoid_route
 
 C, F, E, K = 16, 24, 4, 2
 U = torch.finfo(torch.float32).eps / 2  # unit roundoff of float32
@@ -194,8 +197,8 @@ def test_bad_expert_counts(n_experts, top_k, error, message):
 
 
 def test_bad_routing_shapes_and_masks():
-    with pytest.raises(ValueError, match=r"routing must be one of .*got 'sigmoid'"):
-        MoEFeedForward(C, F, E, K, routing="sigmoid")
+    with pytest.raises(ValueError, match=r"routing must be one of .*got 'softmax'"):
+        MoEFeedForward(C, F, E, K, routing="softmax")
     with pytest.raises(ValueError, match=r"expects x of shape \(B, T, C\), got \(5, 16\)"):
         MoEFeedForward(C, F, E, K)(torch.randn(5, C))
     with pytest.raises(ValueError, match=r"shape \(N, n_experts = 4\), got \(6, 3\)"):
@@ -224,3 +227,106 @@ def test_routings_equal_the_routers_of_other_families(family, norm, routing):
         logits, scores, idx = router(x)
     w, i = route(logits, 3, routing)
     assert torch.equal(i, idx) and torch.equal(w, scores)
+
+
+# -- DeepSeek-V3's MoE: routing="sigmoid", groups, shared experts, routed scaling ---------------
+
+DEEPSEEK = dict(n_expert_groups=4, top_groups=2, n_shared_experts=2, routed_scaling=2.5)
+
+
+def deepseek_moe(ours: MoEFeedForward):
+    """HF's DeepseekV3MoE (transformers 5.23) with our weights and score bias copied across."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    cfg = DeepseekV3Config(hidden_size=C, moe_intermediate_size=F, n_routed_experts=8,
+                           num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=2,
+                           routed_scaling_factor=2.5, norm_topk_prob=True, hidden_act="silu")
+    cfg._experts_implementation = "eager"  # the reference loop in modeling_deepseek_v3.py
+    ref = DeepseekV3MoE(cfg).eval()
+    with torch.no_grad():
+        ref.gate.weight.copy_(ours.router.weight)  # (E, C)
+        ref.gate.e_score_correction_bias.copy_(ours.score_bias)
+        for e, ex in enumerate(ours.experts):  # gate_up_proj[e] = [W_gate; W_1] (2F, C)
+            ref.experts.gate_up_proj[e].copy_(torch.cat([ex.fc_gate.weight, ex.fc_in.weight]))
+            ref.experts.down_proj[e].copy_(ex.fc_out.weight)  # (C, F)
+        for theirs, mine in (("gate_proj", "fc_gate"), ("up_proj", "fc_in"),
+                             ("down_proj", "fc_out")):
+            getattr(ref.shared_experts, theirs).weight.copy_(getattr(ours.shared, mine).weight)
+    return ref
+
+
+@contextlib.contextmanager
+def hf_deepseek_router_in_input_dtype():
+    """HF's DeepSeek router takes its logits in float32 even in a float64 model; tfbook's keeps
+    float64 (and takes bfloat16 up to float32 as HF does). Within this block HF's router runs
+    its own code in the input's dtype, so a float64 comparison compares float64 arithmetic."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    forward = DeepseekV3TopkRouter.forward
+
+    def in_input_dtype(self, hidden_states):
+        with unittest.mock.patch.object(torch, "float32", hidden_states.dtype):
+            return forward(self, hidden_states)
+    with unittest.mock.patch.object(DeepseekV3TopkRouter, "forward", in_input_dtype):
+        yield
+
+
+def test_sigmoid_routing_equals_deepseek_v3_moe():
+    """Router (sigmoid scores, the bias choosing only, 2 of 4 groups) and the whole layer
+    (routed scaling, two shared experts) equal HF's DeepseekV3MoE: the router bit for bit in
+    float32 (the same operations), the layer in float64 to 2^-40 of its size."""
+    torch.manual_seed(0)
+    ours = MoEFeedForward(C, F, 8, 3, routing="sigmoid", **DEEPSEEK)
+    with torch.no_grad():
+        ours.router.weight.normal_(0.0, 0.5)
+        ours.score_bias.copy_(0.2 * torch.randn(8))  # large enough to change some choices
+    ref = deepseek_moe(ours)
+    x = torch.randn(3, 7, C, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, ref_w, ref_idx = ref.gate(x)
+        w, idx = sigmoid_route(logits, 3, ours.score_bias, 4, 2)
+        order, ref_order = idx.sort(-1), ref_idx.sort(-1)  # HF's top-k is unsorted
+        assert torch.equal(order.values, ref_order.values)
+        assert torch.equal(w.gather(1, order.indices) * 2.5, ref_w.gather(1, ref_order.indices))
+        plain = sigmoid_route(logits, 3)[1].sort(-1).values  # no bias, no groups
+        assert not torch.equal(plain, order.values)  # the bias and the groups change choices
+        groups = order.values // 2  # (N, k): the group of each chosen expert
+        assert all(len(set(row)) <= 2 for row in groups.tolist())  # within 2 of the 4 groups
+        ours64, ref64 = ours.double(), ref.double()
+        with hf_deepseek_router_in_input_dtype():
+            y, y_ref = ours64(x.double()), ref64(x.double())
+    assert (y - y_ref).abs().max() <= 2.0**-40 * y_ref.abs().max()
+    assert ours.shared is not None and ours.shared.fc_in.out_features == 2 * F
+
+
+def test_a_large_score_bias_chooses_but_does_not_weigh():
+    logits = torch.randn(10, 8, generator=torch.Generator().manual_seed(3))
+    bias = torch.zeros(8)
+    bias[5] = 10.0  # expert 5 wins every choice ...
+    w, idx = sigmoid_route(logits, 2, bias)
+    assert (idx == 5).any(dim=1).all()
+    scores = torch.sigmoid(logits).gather(1, idx)  # ... but weighs by its unbiased score
+    assert torch.allclose(w, scores / scores.sum(-1, keepdim=True), rtol=0, atol=4 * U)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"n_expert_groups": 3}, r"n_expert_groups=3 must split n_experts=8 into equal groups"),
+    ({"n_expert_groups": 8}, r"n_expert_groups=8 must split n_experts=8 into equal groups of "
+                             r"at least 2 experts"),
+    ({"top_groups": 5}, r"top_groups=5 of n_expert_groups=4 groups of 2 experts must hold"),
+    ({"top_groups": 1}, r"top_groups=1 of n_expert_groups=4 groups of 2 experts must hold "
+                        r"top_k=3"),
+    ({"n_expert_groups": 0}, r"n_expert_groups must be a positive int, got 0"),
+    ({"n_shared_experts": -1}, r"n_shared_experts must be an int >= 0, got -1"),
+    ({"routed_scaling": 0.0}, r"routed_scaling must be a finite number > 0, got 0.0"),
+    ({"routing": "renormalised"}, r"n_expert_groups=4 limits DeepSeek-V3's routing='sigmoid'"),
+])
+def test_bad_deepseek_settings(changes, message):
+    settings = {"routing": "sigmoid", **DEEPSEEK, **changes}
+    with pytest.raises(ValueError, match="MoEFeedForward: " + message):
+        MoEFeedForward(C, F, 8, 3, **settings)
+    from tfbook.models.gpt import GPTConfig
+
+    with pytest.raises(ValueError, match="GPTConfig: " + message):
+        GPTConfig(ffn="moe", n_experts=8, top_k=3, **settings)

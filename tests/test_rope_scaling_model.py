@@ -80,11 +80,11 @@ def llama(rope_type: str, attn: str = "sdpa") -> LlamaForCausalLM:
     return randomized(LlamaForCausalLM(config))
 
 
-def qwen3_yarn() -> Qwen3ForCausalLM:
+def qwen3_yarn(head_dim: int = 8) -> Qwen3ForCausalLM:
     torch.manual_seed(0)
     config = Qwen3Config(rope_parameters={"rope_theta": BASE, **SCALINGS["yarn"][0]},
                          max_position_embeddings=64, attn_implementation="sdpa",
-                         rms_norm_eps=1e-6, **TINY)
+                         rms_norm_eps=1e-6, **{**TINY, "head_dim": head_dim})
     return randomized(Qwen3ForCausalLM(config))
 
 
@@ -124,11 +124,14 @@ def test_float32_logits_equal_hf_bit_for_bit(rope_type, n_threads):
 
 
 @THREAD_COUNTS
-def test_float32_qwen3_with_yarn_equals_hf_bit_for_bit(n_threads):
-    """QK-norm and YaRN together (Qwen3 ships YaRN settings for long inputs)."""
-    hf = qwen3_yarn()
+@pytest.mark.parametrize("head_dim", [8, 16])
+def test_float32_qwen3_with_yarn_equals_hf_bit_for_bit(head_dim, n_threads):
+    """QK-norm and YaRN together (Qwen3 ships YaRN settings for long inputs), with heads of
+    width / heads and wider (head_dim 16: the ramp runs over the planes of D = 16)."""
+    hf = qwen3_yarn(head_dim)
     ours = tfbook_from_hf_llama(hf, attention="torch")
     assert ours.config.qk_norm and ours.config.rope_scaling["rope_type"] == "yarn"
+    assert ours.config.head_size == head_dim
     with pinned_threads(n_threads):
         assert torch.equal(logits_of(ours, IDS), logits_of(hf, IDS))
         assert torch.equal(decode_steps(ours, IDS, CHUNKS[0]), hf_decode_steps(hf, IDS, CHUNKS[0]))

@@ -120,8 +120,9 @@ def check_attention_settings(settings: Any, owner: str) -> None:
             f"a positive int, or None for no window, got {window!r}"
         )
     base = settings.rope_base
-    if base is not None and (not is_number(base) or not base > 1.0
-                             or head_size % 2 == 1):
+    # (multi-head latent attention rotates qk_rope_head_dim instead, checked in tfbook.mla)
+    odd_head = head_size % 2 == 1 and getattr(settings, "kv_lora_rank", None) is None
+    if base is not None and (not is_number(base) or not base > 1.0 or odd_head):
         raise ValueError(
             f"{owner}: RoPE needs rope_base > 1 and an even head size, got rope_base="
             f"{base!r} and head size {head_size}"

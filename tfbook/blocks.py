@@ -16,9 +16,10 @@ Two blocks serve every model of the book, chosen by configuration, not by subcla
 
 `BlockConfig` picks the norm ("layer" or "rms"), the FFN ("mlp" or "swiglu"), the number of
 key/value heads (grouped-query attention), RoPE inside attention (its base, pair
-convention and scaling), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of experts
-(ffn="moe", Mixtral) and the kernels;
-a Llama-style decoder is a GPT with another `BlockConfig`.
+convention and scaling), QK-norm (Qwen3), a sliding attention window (Mistral), a mixture of
+experts (ffn="moe", Mixtral; routing="sigmoid" with groups and shared experts, DeepSeek-V3),
+multi-head latent attention (kv_lora_rank, DeepSeek-V2/V3) and the kernels; a Llama-style
+decoder is a GPT with another `BlockConfig`.
 It is the one source of block settings: every model config builds its own with
 `block_config_of`, which copies the fields of the same name and checks them in the model
 config's words.
@@ -37,7 +38,8 @@ from tfbook.cache import LayerCache
 from tfbook.config import check_bool, check_choice, check_positive, is_number
 from tfbook.feedforward import ACTIVATIONS, FFNS, make_ffn
 from tfbook.hooks import HookPoint
-from tfbook.moe import ROUTINGS, MoEFeedForward
+from tfbook.mla import MultiHeadLatentAttention, check_mla_settings
+from tfbook.moe import ROUTINGS, MoEFeedForward, check_deepseek_settings
 from tfbook.normalization import NORMS, make_norm
 from tfbook.rope_scaling import check_rope_scaling
 
@@ -79,13 +81,45 @@ class BlockConfig:
     # as {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192};
     # kept as a read-only copy, left out of the hash (a dict has none)
     rope_scaling: dict | None = field(default=None, hash=False)
+    # DeepSeek-V3's MoE (routing="sigmoid"): experts in n_expert_groups groups, each token's
+    # chosen within the best top_groups; the k weights times routed_scaling; n_shared_experts
+    # experts (one SwiGLU n_shared_experts * d_ff wide) that every token goes through
+    n_expert_groups: int = 1
+    top_groups: int = 1
+    n_shared_experts: int = 0
+    routed_scaling: float = 1.0
+    # Multi-head latent attention (DeepSeek-V2/V3, tfbook.mla) replaces the attention when
+    # kv_lora_rank is set; the other MLA fields are read only then (defaults: DeepSeek's).
+    kv_lora_rank: int | None = None  # r, width of the cached latent each K and V comes from
+    q_lora_rank: int | None = None  # the queries' own latent width; None = queries from x
+    qk_nope_head_dim: int = 128  # d_N, per-head query/key part without position (from c)
+    qk_rope_head_dim: int = 64  # d_R, the RoPE part; one rotated key shared by all heads
+    v_head_dim: int = 128  # d_V, per-head value size
+    mla_absorbed: bool = False  # W_UK folded into the query, W_UV into W_O (the same function)
 
     def __post_init__(self) -> None:
         check_block_settings(self, owner="BlockConfig")
         object.__setattr__(self, "rope_scaling", check_rope_scaling(self, "BlockConfig"))
 
-    def make_attention(self) -> MultiHeadAttention:
+    @property
+    def rope_head_size(self) -> int:
+        """The width RoPE rotates: the head size (C / H, or head_dim), or qk_rope_head_dim
+        with MLA."""
+        if self.kv_lora_rank is not None:
+            return self.qk_rope_head_dim
+        return self.d_model // self.n_heads if self.head_dim is None else self.head_dim
+
+    def make_attention(self) -> MultiHeadAttention | MultiHeadLatentAttention:
         """The attention sub-layer this config describes."""
+        if self.kv_lora_rank is not None:
+            return MultiHeadLatentAttention(
+                self.d_model, self.n_heads, kv_lora_rank=self.kv_lora_rank,
+                q_lora_rank=self.q_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
+                qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim,
+                bias=self.bias, rope_base=self.rope_base, rope_convention=self.rope_convention,
+                rope_precision=self.rope_precision, eps=self.norm_eps,
+                attention=self.attention, dropout=self.dropout, absorbed=self.mla_absorbed,
+            )
         return MultiHeadAttention(
             self.d_model, self.n_heads, dropout=self.dropout, bias=self.bias,
             attention=self.attention, n_kv_heads=self.n_kv_heads, rope_base=self.rope_base,
@@ -99,7 +133,10 @@ class BlockConfig:
         if self.ffn == "moe":
             return MoEFeedForward(self.d_model, self.d_ff, self.n_experts, self.top_k,
                                   self.routing, self.activation, self.dropout, self.bias,
-                                  self.fused_activation)
+                                  self.fused_activation, n_expert_groups=self.n_expert_groups,
+                                  top_groups=self.top_groups,
+                                  n_shared_experts=self.n_shared_experts,
+                                  routed_scaling=self.routed_scaling)
         return make_ffn(self.ffn, self.d_model, self.d_ff, self.activation, self.dropout,
                         self.bias, self.fused_activation)
 
@@ -112,6 +149,7 @@ def check_block_settings(settings: Any, owner: str) -> None:
     """Check every BlockConfig field of `settings`; errors name `owner` (the config checked)."""
     check_attention_settings(settings, owner)
     check_rope_scaling(settings, owner)
+    check_mla_settings(settings, owner)
     check_positive(settings, "d_ff", owner=owner)
     check_choice(settings, "activation", ACTIVATIONS, owner=owner)
     check_choice(settings, "norm", NORMS, owner=owner)
@@ -121,7 +159,12 @@ def check_block_settings(settings: Any, owner: str) -> None:
         raise ValueError(f"{owner}: top_k={settings.top_k} experts per token cannot exceed "
                          f"n_experts={settings.n_experts}")
     check_choice(settings, "routing", ROUTINGS, owner=owner)
-    check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", owner=owner)
+    if settings.ffn == "moe":  # the DeepSeek settings; read only with ffn="moe"
+        check_deepseek_settings(settings.n_experts, settings.top_k, settings.routing,
+                                settings.n_expert_groups, settings.top_groups,
+                                settings.n_shared_experts, settings.routed_scaling, owner)
+    check_bool(settings, "norm_first", "bias", "fused_norm", "fused_activation", "mla_absorbed",
+               owner=owner)
     if not is_number(settings.norm_eps) or not settings.norm_eps > 0:
         raise ValueError(f"{owner}: norm_eps must be > 0, got {settings.norm_eps!r}")
 
@@ -207,6 +250,10 @@ class CrossAttentionBlock(nn.Module):
 
     def __init__(self, config: BlockConfig) -> None:
         super().__init__()
+        if config.kv_lora_rank is not None:
+            raise ValueError("CrossAttentionBlock: multi-head latent attention is causal "
+                             "self-attention only (a decoder-only block); got kv_lora_rank="
+                             f"{config.kv_lora_rank}: leave it None")
         self.norm_first = config.norm_first
         self.self_attn = config.make_attention()
         self.norm1 = config.make_norm()

@@ -25,6 +25,12 @@ mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (Hugging Face's `yarn_get_mscale`
 YaRN's temperature would otherwise act on the RoPE part only; that adjustment is left to the
 RoPE-scaling setting and not applied here (the scale is 1 / sqrt(d_N + d_R)).
 
+In a model, `kv_lora_rank` in BlockConfig/GPTConfig turns the block's attention into this
+module (`BlockConfig.make_attention`). It takes the call of every tfbook attention (mask,
+causal, positions, cache, need_weights, and the RoPE table the model builds once per forward
+pass, here d_R wide), and `GPT.new_cache` gives a `LatentKVCache`, one `LatentCache` per
+layer, which generate, beam search and speculative decoding drive as they drive a KVCache.
+
 Weight names follow Hugging Face's `DeepseekV3Attention`, so its state dict loads as is.
 RoPE uses `tfbook.rope` ("interleaved" is HF's rope_interleave=True, "half" is False),
 RMSNorm `tfbook.normalization`, and the softmax path `tfbook.attention.attend`.
@@ -33,17 +39,82 @@ Shape legend: B batch, T query positions, S cached positions, C model width, H h
 r kv_lora_rank, d_N qk_nope_head_dim, d_R qk_rope_head_dim, d_V v_head_dim.
 """
 
+from __future__ import annotations
+
 import math
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from tfbook.attention import attend
-from tfbook.config import is_int
+from tfbook.cache import KVCache
+from tfbook.config import check_probability, is_int, is_number
 from tfbook.normalization import RMSNorm
-from tfbook.rope import CONVENTIONS, PRECISIONS, check_rope_positions, rope_cos_sin, rotate_planes
+from tfbook.rope import (
+    CONVENTIONS,
+    PRECISIONS,
+    check_rope_positions,
+    check_rope_table,
+    rope_cos_sin,
+    rotate_planes,
+)
 
 MLA_KERNELS = ("reference", "torch")  # the `attend` kernels that take values of another width
+
+
+def check_mla_settings(settings: Any, owner: str) -> None:
+    """Check the MLA fields of `settings` (a config, or the module's arguments), in `owner`'s
+    words: the head sizes are positive ints and the RoPE part even; when `kv_lora_rank` is set
+    (MLA on), the ranks fit in the width, RoPE is on, the kernel can take values of another
+    width, and no setting MLA does not have (grouped key/value heads, QK-norm, a window)."""
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                 "kv_lora_rank", "q_lora_rank"):
+        value = getattr(settings, name)
+        if name.endswith("rank") and value is None:
+            continue  # no latent: plain attention (kv), or uncompressed queries (q)
+        if not is_int(value) or value < 1:
+            none = " (or None)" if name.endswith("rank") else ""
+            raise ValueError(f"{owner}: {name} must be a positive int{none}, got {value!r}")
+    if settings.qk_rope_head_dim % 2 != 0:
+        raise ValueError(f"{owner}: RoPE rotates planes, so qk_rope_head_dim must be even, "
+                         f"got {settings.qk_rope_head_dim}")
+    rank = settings.kv_lora_rank
+    if rank is None:
+        return
+    for name in ("kv_lora_rank", "q_lora_rank"):
+        value = getattr(settings, name)
+        if value is not None and value > settings.d_model:
+            raise ValueError(
+                f"{owner}: {name}={value} is larger than the width d_model={settings.d_model}; "
+                "a latent compresses the token, so its rank must be at most d_model"
+            )
+    mla = f"multi-head latent attention (kv_lora_rank={rank})"
+    base = getattr(settings, "rope_base", None)
+    if base is None:
+        raise ValueError(f"{owner}: {mla} rotates its decoupled key with RoPE, so it needs "
+                         "rope_base (position='rope' in a model config), got rope_base=None")
+    if not is_number(base) or not base > 1.0:
+        raise ValueError(f"{owner}: rope_base must be a number > 1, got {base!r}")
+    kernel = getattr(settings, "attention", "reference")
+    if kernel not in MLA_KERNELS:
+        raise ValueError(f"{owner}: attention must be one of {MLA_KERNELS} for {mla}: its "
+                         f"values ({settings.v_head_dim} wide) are not as wide as its queries "
+                         f"and keys, which the 'flash' kernel needs; got {kernel!r}")
+    n_kv_heads = getattr(settings, "n_kv_heads", None)
+    if n_kv_heads is not None and n_kv_heads != settings.n_heads:
+        raise ValueError(f"{owner}: {mla} shares one latent among all heads instead of key/value "
+                         f"heads; leave n_kv_heads None, got n_kv_heads={n_kv_heads}")
+    scaling = getattr(settings, "rope_scaling", None)
+    if scaling is not None and scaling.get("rope_type") == "yarn":
+        raise ValueError(f"{owner}: rope_scaling of rope_type 'yarn' with {mla} is not supported: "
+                         "DeepSeek's YaRN also multiplies the softmax scale by mscale^2, which "
+                         "this attention does not apply")
+    for name, off in (("qk_norm", False), ("sliding_window", None), ("head_dim", None)):
+        if getattr(settings, name, off) != off:
+            raise ValueError(f"{owner}: {mla} has no {name}; leave it {off}, got "
+                             f"{name}={getattr(settings, name)!r}")
 
 
 class LatentCache:
@@ -80,6 +151,13 @@ class LatentCache:
         self.length = end
         return self.latent[:, :, :end], self.rope_key[:, :, :end]
 
+    def crop(self, length: int) -> None:
+        """Forget every position from `length` on (the next `update` writes over them)."""
+        if not is_int(length) or not 0 <= length <= self.length:
+            raise ValueError(f"crop needs a length in [0, {self.length}] (the positions "
+                             f"stored), got {length!r}")
+        self.length = int(length)
+
     def memory_bytes(self) -> int:
         """Bytes of the latents and RoPE keys stored so far."""
         if self.latent is None:
@@ -88,14 +166,60 @@ class LatentCache:
                    for t in (self.latent, self.rope_key))
 
 
-class MultiHeadLatentAttention(nn.Module):
-    """Causal self-attention with keys and values compressed to a latent (DeepSeek-V2/V3).
+class LatentKVCache(KVCache):
+    """A model's cache when its blocks use MLA: one `LatentCache` per layer (`GPT.new_cache`).
 
-    `forward(x, positions=None, cache=None, absorbed=False)`: x (B, T, C) -> (B, T, C) and
-    the weights (B, H, T, S) or None. With a `LatentCache`, this step's latents and RoPE keys
-    are appended and the queries attend to all stored positions (the queries sit at the last
-    T of them). `absorbed=True` computes the same function with W_UK folded into the query
-    and W_UV into the output (see the module docstring).
+    The `KVCache` interface `generate`, beam search and speculative decoding use: `length`,
+    `positions`, `check_batch`, `reorder` (beams), `crop` (rollback), `first_layers`
+    (a draft sharing the storage) and `memory_bytes`.
+    """
+
+    def __init__(self, n_layers: int, max_len: int) -> None:
+        super().__init__(n_layers, max_len)
+        self.layers = [LatentCache(max_len) for _ in range(n_layers)]
+
+    @property
+    def batch_size(self) -> int | None:
+        """B of the stored latents, or None before the first forward pass."""
+        latent = self.layers[0].latent
+        return None if latent is None else latent.size(0)
+
+    @torch.no_grad()
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (B',) of every stored latent and RoPE key (beam search)."""
+        for layer in self.layers:
+            if layer.latent is None:
+                continue
+            n = layer.length
+            if index.numel() == layer.latent.size(0):  # in place, the filled positions only
+                layer.latent[:, :, :n] = layer.latent[:, :, :n].index_select(0, index)
+                layer.rope_key[:, :, :n] = layer.rope_key[:, :, :n].index_select(0, index)
+            else:
+                layer.latent = layer.latent.index_select(0, index)
+                layer.rope_key = layer.rope_key.index_select(0, index)
+
+    def first_layers(self, n_layers: int) -> LatentKVCache:
+        """A cache of the first `n_layers` layers that SHARES their storage with this one."""
+        view = super().first_layers(n_layers)
+        shared = LatentKVCache(len(view.layers), self.max_len)
+        shared.layers = view.layers  # the same LatentCache objects
+        return shared
+
+    def memory_bytes(self) -> int:
+        """Bytes of the latents and RoPE keys stored so far, over every layer."""
+        return sum(layer.memory_bytes() for layer in self.layers)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Self-attention with keys and values compressed to a latent (DeepSeek-V2/V3).
+
+    `forward(x, mask=None, causal=True, positions=None, cache=None, need_weights=False)`:
+    x (B, T, C) -> (B, T, C) and the weights (B, H, T, S) or None, the call of every tfbook
+    attention. With a `LatentCache`, this step's latents and RoPE keys are appended and the
+    queries attend to all stored positions (the queries sit at the last T of them).
+    `absorbed=True` (or the module's `absorbed` setting) computes the same function with
+    W_UK folded into the query and W_UV into the output (see the module docstring).
+    Inside a model, `BlockConfig.make_attention()` builds it when kv_lora_rank is set.
     """
 
     def __init__(
@@ -103,34 +227,27 @@ class MultiHeadLatentAttention(nn.Module):
         qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: int | None = None,
         bias: bool = False, rope_base: float = 10000.0, rope_convention: str = "interleaved",
         rope_precision: str = "float64", eps: float = 1e-6, attention: str = "reference",
+        dropout: float = 0.0, absorbed: bool = False,
     ) -> None:
         super().__init__()
         owner = "MultiHeadLatentAttention"
-        dims = {"d_model": d_model, "n_heads": n_heads, "kv_lora_rank": kv_lora_rank,
-                "qk_nope_head_dim": qk_nope_head_dim, "qk_rope_head_dim": qk_rope_head_dim,
-                "v_head_dim": v_head_dim}
-        if q_lora_rank is not None:
-            dims["q_lora_rank"] = q_lora_rank
-        for name, value in dims.items():
+        settings = SimpleNamespace(
+            d_model=d_model, n_heads=n_heads, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank,
+            qk_nope_head_dim=qk_nope_head_dim, qk_rope_head_dim=qk_rope_head_dim,
+            v_head_dim=v_head_dim, rope_base=rope_base, attention=attention, dropout=dropout)
+        for name in ("d_model", "n_heads", "kv_lora_rank"):
+            value = getattr(settings, name)
             if not is_int(value) or value < 1:
                 raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
-        for name in ("kv_lora_rank", "q_lora_rank"):
-            if name in dims and dims[name] > d_model:
-                raise ValueError(
-                    f"{owner}: {name}={dims[name]} is larger than the width d_model={d_model}; "
-                    "a latent compresses the token, so its rank must be at most d_model"
-                )
-        if qk_rope_head_dim % 2 != 0:
-            raise ValueError(f"{owner}: RoPE rotates planes, so qk_rope_head_dim must be even, "
-                             f"got {qk_rope_head_dim}")
-        if isinstance(rope_base, bool) or not isinstance(rope_base, int | float) \
-                or not rope_base > 1.0:
-            raise ValueError(f"{owner}: rope_base must be a number > 1, got {rope_base!r}")
         for name, value, choices in (("rope_convention", rope_convention, CONVENTIONS),
                                      ("rope_precision", rope_precision, PRECISIONS),
                                      ("attention", attention, MLA_KERNELS)):
             if value not in choices:
                 raise ValueError(f"{owner}: {name} must be one of {choices}, got {value!r}")
+        check_mla_settings(settings, owner)
+        check_probability(settings, "dropout", owner=owner)
+        if not isinstance(absorbed, bool):
+            raise ValueError(f"{owner}: absorbed must be True or False, got {absorbed!r}")
         self.n_heads = n_heads
         self.q_lora_rank, self.kv_lora_rank = q_lora_rank, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim = qk_nope_head_dim, qk_rope_head_dim
@@ -138,6 +255,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         self.rope_base, self.rope_convention = rope_base, rope_convention
         self.rope_precision, self.attention = rope_precision, attention
+        self.dropout = dropout  # on the attention weights, while training
+        self.absorbed = absorbed  # the default form of `forward`: naive (False) or absorbed
         q_width = n_heads * self.qk_head_dim
         if q_lora_rank is None:
             self.q_proj = nn.Linear(d_model, q_width, bias=False)  # W_Q
@@ -169,11 +288,19 @@ class MultiHeadLatentAttention(nn.Module):
         return w[:, : self.qk_nope_head_dim], w[:, self.qk_nope_head_dim :]
 
     def forward(
-        self, x: Tensor, positions: Tensor | None = None, cache: LatentCache | None = None,
-        absorbed: bool = False, need_weights: bool = False,
+        self, x: Tensor, mask: Tensor | None = None, causal: bool = True,
+        positions: Tensor | None = None, cache: LatentCache | None = None,
+        need_weights: bool = False, *, rope_table: tuple[Tensor, Tensor] | None = None,
+        absorbed: bool | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """x (B, T, C) -> out (B, T, C), weights (B, H, T, S) or None; positions (T,) or (B, T)
-        default to the cache's length onwards."""
+        """x (B, T, C) -> out (B, T, C), weights (B, H, T, S) or None.
+
+        `mask` is boolean (True = may attend), 4-D, broadcasting to (B, H, T, S) (a padding
+        mask over every position seen, cached ones included); `causal` adds the causal mask.
+        positions (T,) or (B, T) default to the cache's length onwards; `rope_table` is their
+        (cos, sin) of width qk_rope_head_dim, built once per forward pass by the model (else
+        here). `absorbed` None takes the module's setting.
+        """
         C = self.kv_a_proj_with_mqa.in_features
         if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != C:
             raise ValueError(f"expected x of shape (B, T, {C}), got "
@@ -184,7 +311,14 @@ class MultiHeadLatentAttention(nn.Module):
                             f"{x.dtype}: convert one with .to()")
         if cache is not None and not isinstance(cache, LatentCache):
             raise TypeError(f"MultiHeadLatentAttention stores latents: cache must be a "
-                            f"LatentCache, got {type(cache).__name__}")
+                            f"LatentCache (a layer of model.new_cache()), got "
+                            f"{type(cache).__name__}")
+        if mask is not None and (not isinstance(mask, Tensor) or mask.dim() != 4):
+            raise ValueError(
+                "mask must have 4 dimensions (B, H, T, S), each 1 or full size "
+                "(tfbook.masks.padding_mask gives (B, 1, 1, S)), got "
+                f"{tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__}")
+        absorbed = self.absorbed if absorbed is None else absorbed
         B, T, _ = x.size()
         q = self.queries(x)  # (B, H, T, d_N + d_R)
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
@@ -192,16 +326,19 @@ class MultiHeadLatentAttention(nn.Module):
             [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)[:, None]  # (B, 1, T, r)
         k_rope = k_rope[:, None]  # (B, 1, T, d_R): one RoPE key for all heads
-        if positions is None:
-            start = 0 if cache is None else cache.length
-            positions = torch.arange(start, start + T, device=x.device)
-        positions = check_rope_positions(q_rope, positions)
-        cos, sin = rope_cos_sin(positions, self.qk_rope_head_dim, self.rope_base,
-                                self.rope_precision, q.dtype)
+        if rope_table is None:  # standalone: build the table for these positions
+            if positions is None:
+                start = 0 if cache is None else cache.length
+                positions = torch.arange(start, start + T, device=x.device)
+            positions = check_rope_positions(q_rope, positions)
+            rope_table = rope_cos_sin(positions, self.qk_rope_head_dim, self.rope_base,
+                                      self.rope_precision, q.dtype)
+        cos, sin = check_rope_table(rope_table, q_rope)  # (T, d_R/2) or (B, 1, T, d_R/2)
         q_rope = rotate_planes(q_rope, cos, sin, self.rope_convention)
         k_rope = rotate_planes(k_rope, cos, sin, self.rope_convention)
         if cache is not None:
             latent, k_rope = cache.update(latent, k_rope)  # (B, 1, S, r), (B, 1, S, d_R)
+        p = self.dropout if self.training else 0.0
         w_uk, w_uv = self.up_weights()
         if absorbed:
             q_latent = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)  # W_UK into the query
@@ -209,8 +346,8 @@ class MultiHeadLatentAttention(nn.Module):
             rescale = math.sqrt((self.kv_lora_rank + self.qk_rope_head_dim) / self.qk_head_dim)
             q_abs = torch.cat((q_latent, q_rope), dim=-1) * rescale  # (B, H, T, r + d_R)
             k_abs = torch.cat((latent, k_rope), dim=-1)  # (B, 1, S, r + d_R): one key head
-            y, weights = attend(q_abs, k_abs, latent, causal=True, need_weights=need_weights,
-                                kernel=self.attention)  # (B, H, T, r)
+            y, weights = attend(q_abs, k_abs, latent, mask, causal, p, need_weights,
+                                self.attention)  # (B, H, T, r)
             w_o = self.o_proj.weight.view(C, self.n_heads, self.v_head_dim)
             w_ouv = torch.einsum("chv,hvr->chr", w_o, w_uv)  # W_O^h W_UV^h: (C, H, r)
             out = torch.einsum("bhtr,chr->btc", y, w_ouv)
@@ -223,8 +360,8 @@ class MultiHeadLatentAttention(nn.Module):
         k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, self.n_heads, -1, -1)), dim=-1)
         q = torch.cat((q_nope, q_rope), dim=-1)  # (B, H, T, d_N + d_R)
-        y, weights = attend(q, k, v, causal=True, need_weights=need_weights,
-                            kernel=self.attention)  # (B, H, T, d_V)
+        y, weights = attend(q, k, v, mask, causal, p, need_weights,
+                            self.attention)  # (B, H, T, d_V)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim)
         return self.o_proj(y), weights
 

@@ -20,6 +20,17 @@ Routings (the weights w of the k chosen experts), with the families that use eac
   below 1 unless k = E). The Switch Transformer's top-1 gate p_i(x) (Fedus et al. 2022,
   eqs. 1-2), and Qwen1.5/Qwen2-MoE, OLMoE and DeepSeek-V2 (Hugging Face's
   `norm_topk_prob=False`; DeepSeek-V2 then multiplies by its `routed_scaling_factor`).
+- "sigmoid": DeepSeek-V3 (DeepSeek-AI 2024, section 2.1.2; HF's `DeepseekV3TopkRouter`).
+  Each expert's score is sigmoid(logit), not a softmax share. A per-expert bias `score_bias`
+  (HF's e_score_correction_bias, adjusted during training to balance the load instead of an
+  auxiliary loss) is added to the scores only to CHOOSE the k experts; their weights are the
+  unbiased scores divided by their sum. With `n_expert_groups` G > 1 the experts are split
+  into G groups of E/G, each group scored by the sum of its two best biased scores, and only
+  the `top_groups` best groups are eligible (each token's experts lie on a few devices).
+
+Two more settings come with DeepSeek's MoE: the k weights are multiplied by `routed_scaling`
+(DeepSeek-V3's routed_scaling_factor 2.5), and `n_shared_experts` experts see every token,
+as one SwiGLU of width n_shared_experts * d_ff added to the routed experts' sum.
 
 Dispatch: the N*k (token, expert) pairs are sorted by expert; each expert runs once, on the
 rows routed to it (`index_select`), and its weighted output is added back (`index_add`). No
@@ -36,12 +47,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tfbook.feedforward import SwiGLU
 from tfbook.hooks import HookPoint
 
-ROUTINGS = ("renormalised", "selected", "unnormalised")
+ROUTINGS = ("renormalised", "selected", "unnormalised", "sigmoid")
 
 
 def _check_experts(n_experts: object, top_k: object) -> None:
@@ -58,6 +70,46 @@ def _check_experts(n_experts: object, top_k: object) -> None:
                          f"top_k different experts), got top_k = {top_k}")
 
 
+def check_groups(n_experts: int, top_k: int, n_groups: object, top_groups: object,
+                 owner: str = "route") -> None:
+    """Group-limited routing needs G | E, at least two experts per group (a group is scored by
+    its best two), 1 <= top_groups <= G and k experts within the top_groups groups."""
+    for name, value in (("n_expert_groups", n_groups), ("top_groups", top_groups)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{owner}: {name} must be a positive int, got {value!r}")
+    if n_groups == 1:
+        return
+    if n_experts % n_groups != 0 or n_experts // n_groups < 2:
+        raise ValueError(f"{owner}: n_expert_groups={n_groups} must split n_experts="
+                         f"{n_experts} into equal groups of at least 2 experts")
+    if top_groups > n_groups or top_k > top_groups * (n_experts // n_groups):
+        raise ValueError(f"{owner}: top_groups={top_groups} of n_expert_groups={n_groups} "
+                         f"groups of {n_experts // n_groups} experts must hold top_k={top_k}")
+
+
+def sigmoid_route(
+    logits: Tensor, top_k: int, score_bias: Tensor | None = None, n_groups: int = 1,
+    top_groups: int = 1,
+) -> tuple[Tensor, Tensor]:
+    """DeepSeek-V3's router: sigmoid scores, the biased scores choose (within the best
+    `top_groups` of `n_groups` groups), the unbiased ones of the k chosen, renormalised, weigh.
+    logits (N, E) -> (weights (N, k) in float32, or float64 for float64 logits, expert indices
+    (N, k))."""
+    N, E = logits.shape
+    scores = torch.sigmoid(logits.to(torch.promote_types(logits.dtype, torch.float32)))  # (N, E)
+    choice = scores if score_bias is None else scores + score_bias  # (N, E), as HF adds them
+    if n_groups > 1:
+        grouped = choice.view(N, n_groups, E // n_groups)  # (N, G, E/G)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (N, G): best two each
+        best = group_scores.topk(top_groups, dim=-1).indices  # (N, top_groups)
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        keep = keep[:, :, None].expand(N, n_groups, E // n_groups).reshape(N, E)
+        choice = choice.masked_fill(~keep, float("-inf"))  # experts of other groups: never
+    idx = choice.topk(top_k, dim=-1).indices  # (N, k)
+    weights = scores.gather(1, idx)  # (N, k): the scores without the bias
+    return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20), idx  # HF's 1e-20 guard
+
+
 def route(logits: Tensor, top_k: int, routing: str = "renormalised") -> tuple[Tensor, Tensor]:
     """Router logits (N, E) -> (weights (N, k) in float32, expert indices (N, k)).
 
@@ -68,6 +120,8 @@ def route(logits: Tensor, top_k: int, routing: str = "renormalised") -> tuple[Te
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
     _check_experts(logits.size(-1), top_k)
+    if routing == "sigmoid":  # without bias or groups; MoEFeedForward passes them
+        return sigmoid_route(logits, top_k)
     if routing == "selected":  # softmax over the k largest logits only (Mixtral paper)
         top_logits, idx = torch.topk(logits.float(), top_k, dim=-1)  # (N, k)
         return torch.softmax(top_logits, dim=-1), idx
@@ -88,16 +142,28 @@ class MoEFeedForward(nn.Module):
     def __init__(
         self, d_model: int, d_ff: int, n_experts: int, top_k: int,
         routing: str = "renormalised", activation_name: str = "silu", dropout: float = 0.0,
-        bias: bool = False, fused: bool = False,
+        bias: bool = False, fused: bool = False, *, n_expert_groups: int = 1,
+        top_groups: int = 1, n_shared_experts: int = 0, routed_scaling: float = 1.0,
     ) -> None:
         super().__init__()
         _check_experts(n_experts, top_k)
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+        check_deepseek_settings(n_experts, top_k, routing, n_expert_groups, top_groups,
+                                n_shared_experts, routed_scaling, "MoEFeedForward")
         self.n_experts, self.top_k, self.routing = n_experts, top_k, routing
+        self.n_expert_groups, self.top_groups = n_expert_groups, top_groups
+        self.routed_scaling = routed_scaling
         self.router = nn.Linear(d_model, n_experts, bias=False)  # W_r: one score per expert
+        if routing == "sigmoid":  # chooses, never weighs; set by load balancing, not gradient
+            self.register_buffer("score_bias", torch.zeros(n_experts))
+        else:
+            self.score_bias = None
         self.experts = nn.ModuleList(
             SwiGLU(d_model, d_ff, activation_name, dropout, bias, fused) for _ in range(n_experts))
+        # DeepSeek's shared experts: one SwiGLU of n_shared_experts * d_ff for every token
+        self.shared = (SwiGLU(d_model, n_shared_experts * d_ff, activation_name, dropout, bias,
+                              fused) if n_shared_experts else None)
         self.logits, self.out = HookPoint(), HookPoint()  # (N, E) and (B, T, C)
         self.router_logits: Tensor | None = None  # (N, E) of the last forward
         self.tokens_per_expert: Tensor | None = None  # (E,) int64, assignments of the last one
@@ -110,8 +176,19 @@ class MoEFeedForward(nn.Module):
             raise ValueError(f"MoEFeedForward expects x of shape (B, T, C), got {tuple(x.shape)}")
         B, T, C = x.shape
         flat = x.reshape(B * T, C)  # (N, C)
-        logits = self.logits(self.router(flat))  # (N, E)
-        weights, idx = route(logits, self.top_k, self.routing)  # (N, k), (N, k)
+        if self.routing == "sigmoid":  # at least float32 (bfloat16 models too), as HF's
+            dtype = torch.promote_types(flat.dtype, torch.float32)  # DeepseekV3TopkRouter
+            logits = F.linear(flat.to(dtype), self.router.weight.to(dtype))
+        else:
+            logits = self.router(flat)
+        logits = self.logits(logits)  # (N, E)
+        if self.routing == "sigmoid":
+            weights, idx = sigmoid_route(logits, self.top_k, self.score_bias,
+                                         self.n_expert_groups, self.top_groups)
+        else:
+            weights, idx = route(logits, self.top_k, self.routing)  # (N, k), (N, k)
+        if self.routed_scaling != 1.0:
+            weights = weights * self.routed_scaling  # DeepSeek: the k weights sum to it
         expert_of = idx.reshape(-1)  # (N*k,) the pairs, token-major
         order = torch.argsort(expert_of, stable=True)  # pairs grouped by expert, tokens in order
         token_of = order // self.top_k  # (N*k,) which token each sorted pair belongs to
@@ -128,8 +205,30 @@ class MoEFeedForward(nn.Module):
             y = y.index_add(0, tokens, out.to(y.dtype))
             start += n
         self.router_logits, self.tokens_per_expert = logits, counts
-        y = self.out(y.reshape(B, T, C))
+        y = y.reshape(B, T, C)
+        if self.shared is not None:
+            y = y + self.shared(x)  # every token, unweighted
+        y = self.out(y)
         return (y, logits) if return_router_logits else y
+
+
+def check_deepseek_settings(
+    n_experts: int, top_k: int, routing: str, n_expert_groups: object, top_groups: object,
+    n_shared_experts: object, routed_scaling: object, owner: str,
+) -> None:
+    """DeepSeek's MoE settings, in `owner`'s words: groups only with the sigmoid routing."""
+    check_groups(n_experts, top_k, n_expert_groups, top_groups, owner)
+    if n_expert_groups != 1 and routing != "sigmoid":
+        raise ValueError(f"{owner}: n_expert_groups={n_expert_groups} limits DeepSeek-V3's "
+                         f"routing='sigmoid' only, got routing={routing!r}")
+    if isinstance(n_shared_experts, bool) or not isinstance(n_shared_experts, int) \
+            or n_shared_experts < 0:
+        raise ValueError(f"{owner}: n_shared_experts must be an int >= 0, got "
+                         f"{n_shared_experts!r}")
+    if isinstance(routed_scaling, bool) or not isinstance(routed_scaling, int | float) \
+            or not routed_scaling > 0 or routed_scaling == float("inf"):
+        raise ValueError(f"{owner}: routed_scaling must be a finite number > 0, got "
+                         f"{routed_scaling!r}")
 
 
 def load_balancing_loss(

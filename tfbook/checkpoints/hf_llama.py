@@ -170,12 +170,17 @@ def tfbook_from_hf_llama(
                      fused_activation=fused_activation)
     model = GPT(config).eval()
     rest, experts = split_hf_experts(dict(hf_model.state_dict()))
-    state = {**rename_hf_llama(rest, config.n_layers), **experts}
-    if config.tie_weights:
-        state.pop("lm_head.weight", None)  # tied: the embedding is the head
+    load_converted(model, {**rename_hf_llama(rest, config.n_layers), **experts})
+    return model.to(next(hf_model.parameters()).dtype)
+
+
+def load_converted(model: GPT, state: dict[str, Tensor]) -> None:
+    """Load `state` (tfbook names) into `model`, strictly: every tensor must fit, and with tied
+    weights the embedding is the head (a stored lm_head.weight is dropped)."""
+    if model.config.tie_weights:
+        state = {name: t for name, t in state.items() if name != "lm_head.weight"}
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or set(missing) != {"lm_head.weight"}:
             raise ValueError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
     else:
         model.load_state_dict(state, strict=True)
-    return model.to(next(hf_model.parameters()).dtype)

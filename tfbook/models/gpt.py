@@ -6,8 +6,9 @@
 
 GPT-2 and a Llama-style decoder such as SmolLM2 are the same class with different configs
 (`tfbook.models.llama`): LayerNorm or RMSNorm, GELU MLP or SwiGLU, learned positions or RoPE,
-all key/value heads or grouped ones. Shape legend: B batch, T sequence, S positions seen
-(T plus those in the cache), C model width, H heads, V vocab.
+all key/value heads or grouped ones; DeepSeek-V2/V3's multi-head latent attention is one more
+setting (kv_lora_rank), with its own cache of latents. Shape legend: B batch, T sequence,
+S positions seen (T plus those in the cache), C model width, H heads, V vocab.
 """
 
 import math
@@ -22,6 +23,7 @@ from tfbook.config import check_choice, check_positive
 from tfbook.embeddings import TokenEmbedding, check_token_ids
 from tfbook.losses import cross_entropy
 from tfbook.masks import padding_mask
+from tfbook.mla import LatentKVCache
 from tfbook.models.output import ModelOutput
 from tfbook.positional import LearnedPositionalEmbedding, check_length, check_positions
 from tfbook.rope import rope_cos_sin
@@ -74,6 +76,17 @@ class GPTConfig:
     # (max_len too: it still bounds the positions); setting model.config to it also works,
     # as the table is rebuilt from model.config at every forward pass.
     rope_scaling: dict | None = field(default=None, hash=False)
+    n_expert_groups: int = 1  # routing="sigmoid" (DeepSeek-V3): groups the experts fall into
+    top_groups: int = 1  # routing="sigmoid": the groups each token's experts come from
+    n_shared_experts: int = 0  # ffn="moe": experts every token goes through (DeepSeek)
+    routed_scaling: float = 1.0  # ffn="moe": factor on the k routed weights (DeepSeek-V3 2.5)
+    # multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank is set; needs RoPE
+    kv_lora_rank: int | None = None  # r, width of the cached latent; None = plain attention
+    q_lora_rank: int | None = None  # the queries' latent width; None = queries from x directly
+    qk_nope_head_dim: int = 128  # d_N, per-head query/key part computed from the latent
+    qk_rope_head_dim: int = 64  # d_R, the RoPE part (one rotated key shared by all heads)
+    v_head_dim: int = 128  # d_V, per-head value size
+    mla_absorbed: bool = False  # MLA's absorbed form (W_UK into the query, W_UV into W_O)
 
     def __post_init__(self) -> None:
         check_positive(self, "max_len", "vocab_size", "n_layers", "n_heads", "d_model")
@@ -81,6 +94,11 @@ class GPTConfig:
         if self.rope_scaling is not None and self.position != "rope":
             raise ValueError(f"GPTConfig: rope_scaling scales the rotary frequencies, but "
                              f"position={self.position!r} has none: use position='rope'")
+        if self.kv_lora_rank is not None and self.position != "rope":
+            raise ValueError(
+                f"GPTConfig: multi-head latent attention (kv_lora_rank={self.kv_lora_rank!r}) "
+                f"rotates its decoupled key with RoPE: it needs position='rope', got "
+                f"{self.position!r}")
         block = self.block_config()  # checks the block settings, in GPTConfig's words
         object.__setattr__(self, "rope_scaling", block.rope_scaling)  # its read-only copy
 
@@ -124,6 +142,7 @@ class GPT(nn.Module):
             [SelfAttentionBlock(config.block_config()) for _ in range(config.n_layers)]
         )
         self.norm_f = config.block_config().make_norm()
+        self.rope_head_size = config.block_config().rope_head_size  # what RoPE rotates
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight  # one (V, C) matrix to embed and unembed
@@ -131,27 +150,35 @@ class GPT(nn.Module):
         # GPT-2 (section 2.3): the layers that write into the residual stream start smaller,
         # std 0.02 / sqrt(2N), so that the sum of 2N contributions keeps a steady size
         for block in self.blocks:
-            experts = getattr(block.ff, "experts", [block.ff])  # ffn="moe": each expert
-            for proj in (block.attn.out_proj, *(expert.fc_out for expert in experts)):
+            experts = [*getattr(block.ff, "experts", [block.ff])]  # ffn="moe": each expert
+            if getattr(block.ff, "shared", None) is not None:
+                experts.append(block.ff.shared)  # DeepSeek's shared experts
+            attn_out = getattr(block.attn, "out_proj", None) or block.attn.o_proj  # MLA: o_proj
+            for proj in (attn_out, *(expert.fc_out for expert in experts)):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
 
     def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
         """cos and sin of the rotary angles at `positions`, shared by every layer (None without
-        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T). With rope_scaling,
-        the scaled frequencies and YaRN's factor on cos and sin; "dynamic" stretches by the
-        current length max(positions) + 1, as Hugging Face does."""
+        RoPE): (T, D/2) each for positions (T,), (B, 1, T, D/2) for (B, T). D is the width
+        RoPE rotates: the head size, or qk_rope_head_dim with multi-head latent attention.
+        With rope_scaling, the scaled frequencies and YaRN's factor on cos and sin; "dynamic"
+        stretches by the current length max(positions) + 1, as Hugging Face does."""
         c = self.config
         if c.position != "rope":
             return None
         if c.rope_scaling is None:
-            return rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_precision, dtype)
-        return scaled_rope_cos_sin(positions, c.head_size, c.rope_base, c.rope_scaling,
+            return rope_cos_sin(positions, self.rope_head_size, c.rope_base, c.rope_precision,
+                                dtype)
+        return scaled_rope_cos_sin(positions, self.rope_head_size, c.rope_base, c.rope_scaling,
                                    c.rope_precision, dtype)
 
-    def new_cache(self, max_len: int | None = None) -> KVCache:
+    def new_cache(self, max_len: int | None = None) -> KVCache | LatentKVCache:
         """An empty key/value cache for this model (one layer cache per block), with room for
         `max_len` positions (default: the whole context; generate asks for what it needs).
-        With a sliding window, each layer keeps only the last window - 1 positions instead."""
+        With a sliding window, each layer keeps only the last window - 1 positions instead;
+        with multi-head latent attention, each layer keeps latents (`LatentKVCache`)."""
+        if self.config.kv_lora_rank is not None:
+            return LatentKVCache(self.config.n_layers, max_len or self.config.max_len)
         if self.config.sliding_window is not None:
             return SlidingWindowKVCache(self.config.n_layers, self.config.sliding_window)
         return KVCache(self.config.n_layers, max_len or self.config.max_len)
@@ -180,9 +207,12 @@ class GPT(nn.Module):
         B, T = idx.size()
         start = 0
         if cache is not None:
-            if not isinstance(cache, KVCache) or len(cache) != self.config.n_layers:
+            latent = self.config.kv_lora_rank is not None  # MLA stores latents, not K and V
+            if (not isinstance(cache, KVCache) or len(cache) != self.config.n_layers
+                    or isinstance(cache, LatentKVCache) != latent):
+                kind = "LatentKVCache" if latent else "KVCache"
                 raise ValueError(
-                    f"cache must be a KVCache with {self.config.n_layers} layers "
+                    f"cache must be a {kind} with {self.config.n_layers} layers "
                     f"(model.new_cache()), got {cache!r:.60}"
                 )
             cache.check_batch(B)

@@ -13,10 +13,17 @@ Two later families are one more field each:
     Qwen3: RMSNorm on each query and key head before RoPE     qk_norm=True
     Mistral: each query sees the last W positions only        sliding_window=W
     Mixtral: each token goes to top_k of n_experts SwiGLUs     ffn="moe", n_experts, top_k
+    DeepSeek-V2/V3: keys and values from a cached latent       kv_lora_rank (and q_lora_rank,
+                    (multi-head latent attention)              qk_nope/qk_rope/v_head_dim)
+    DeepSeek-V3's experts: sigmoid scores, groups, shared      routing="sigmoid", n_expert_groups,
+                                                               top_groups, n_shared_experts,
+                                                               routed_scaling
 
 SmolLM2-135M (Allal et al. 2025) is such a model: 30 blocks of width 576, 9 query heads
 sharing 3 key/value heads, a 49,152-token vocabulary and the embedding tied to the output.
 """
+
+from dataclasses import replace
 
 from tfbook.models.gpt import GPTConfig
 
@@ -99,3 +106,27 @@ def mixtral_8x7b() -> GPTConfig:
         d_ff=14336, rope_base=1000000.0, norm_eps=1e-5, tie_weights=False, n_experts=8,
         top_k=2, rope_convention="half", rope_precision="float32",
     )
+
+
+def deepseek_v3() -> GPTConfig:
+    """DeepSeek-V3's attention and dense-block shapes (DeepSeek-AI 2024; the values of Hugging
+    Face's `DeepseekV3Config`): 61 blocks of width 7168, 128 heads with multi-head latent
+    attention (latent r = 512, query latent 1536, d_N = 128, d_R = 64, d_V = 128), SwiGLU of
+    width 18432, untied output, the 4,096-position context RoPE was trained at.
+
+    What this config cannot express: the released model mixes block kinds, the first 3 dense
+    and blocks 3..60 mixtures of 256 routed experts (width 2048; 8 per token, chosen by sigmoid
+    scores plus a bias, within 4 of 8 groups, weights scaled by 2.5) beside one shared expert,
+    while one BlockConfig serves every block. Those experts are a setting (ffn="moe",
+    routing="sigmoid", n_expert_groups=8, top_groups=4, n_shared_experts=1,
+    routed_scaling=2.5, d_ff=2048), but for all blocks at once; here every block is dense.
+    The YaRN RoPE scaling to 163,840 positions (whose mscale also multiplies the softmax scale)
+    and the multi-token-prediction module are left out too.
+    """
+    dense = llama_config(
+        vocab_size=129280, max_len=4096, n_layers=61, d_model=7168, n_heads=128,
+        n_kv_heads=128, d_ff=18432, rope_base=10000.0, norm_eps=1e-6, tie_weights=False,
+        rope_precision="float32",
+    )
+    return replace(dense, n_kv_heads=None, kv_lora_rank=512, q_lora_rank=1536,
+                   qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)

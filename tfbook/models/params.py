@@ -29,6 +29,10 @@ def decoder_forward_flops(config, new_tokens: int, context: int, head_positions:
         head:                2 C V per position
     """
     c = config
+    if getattr(c, "kv_lora_rank", None) is not None:
+        raise ValueError(f"decoder_forward_flops counts multi-head attention's projections; "
+                         f"multi-head latent attention (kv_lora_rank={c.kv_lora_rank}) has "
+                         f"others, not counted here")
     C, D, H = c.d_model, c.head_size, c.n_heads
     H_kv = c.n_kv_heads or c.n_heads
     F = 4 * C if c.d_ff is None else c.d_ff
