@@ -40,6 +40,7 @@ from tfbook.config import is_int
 from tfbook.mla import kv_cache_bytes_per_token
 from tfbook.models.gpt import GPTConfig
 from tfbook.models.llama import llama_config
+from tfbook.moe import ROUTINGS
 from tfbook.rope_scaling import RopeScaling
 
 HF = "https://huggingface.co/{}/blob/main/config.json"
@@ -77,6 +78,10 @@ class Released:
     n_shared_experts: int = 0  # experts every token uses (DeepSeek)
     expert_d_ff: int | None = None  # width of one expert (moe_intermediate_size); None: d_ff
     dense_layers: int = 0  # the first layers keep a dense SwiGLU (first_k_dense_replace)
+    routing: str = "renormalised"  # tfbook.moe's name for how the k weights are formed
+    n_expert_groups: int = 1  # n_group: the experts' groups (DeepSeek-V3's router)
+    top_groups: int = 1  # topk_group: the groups a token's experts may come from
+    routed_scaling: float = 1.0  # routed_scaling_factor: a factor on the routed weights
     kv_lora_rank: int | None = None  # r, MLA's latent width; None: not MLA
     q_lora_rank: int | None = None  # MLA's query latent width; None: a full query matrix
     qk_nope_head_dim: int | None = None  # d_N, MLA's query/key part without RoPE
@@ -108,6 +113,9 @@ class Released:
             if self.top_k > self.n_experts:
                 raise ValueError(f"{owner}: top_k={self.top_k} is more than "
                                  f"n_experts={self.n_experts}")
+            if self.routing not in ROUTINGS:
+                raise ValueError(f"{owner}: routing must be one of {ROUTINGS}, got "
+                                 f"{self.routing!r}")
             if self.dense_layers > self.n_layers:
                 raise ValueError(f"{owner}: dense_layers={self.dense_layers} is more than "
                                  f"n_layers={self.n_layers}")
@@ -195,14 +203,16 @@ RELEASED: dict[str, Released] = {r.name: r for r in (
              n_heads=16, n_kv_heads=16, head_size=128, d_ff=10944, max_len=163840,
              tie_weights=False, norm_eps=1e-6, rope_base=10000.0, rope_scaling=_yarn(40.0, 0.707),
              ffn="moe", n_experts=64, top_k=6, n_shared_experts=2, expert_d_ff=1408,
-             dense_layers=1, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+             dense_layers=1, routing="unnormalised", kv_lora_rank=512,
+             qk_nope_head_dim=128, qk_rope_head_dim=64,
              note="the first layer keeps a dense SwiGLU; routing weights are not renormalised"),
     Released("DeepSeek-V3", "deepseek-ai/DeepSeek-V3", "deepseekai2024v3",
              "DeepseekV3ForCausalLM", vocab_size=129280, n_layers=61, d_model=7168,
              n_heads=128, n_kv_heads=128, head_size=128, d_ff=18432, max_len=163840,
              tie_weights=False, norm_eps=1e-6, rope_base=10000.0, rope_scaling=_yarn(40.0, 1.0),
              ffn="moe", n_experts=256, top_k=8, n_shared_experts=1, expert_d_ff=2048,
-             dense_layers=3, kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
+             dense_layers=3, routing="sigmoid", n_expert_groups=8, top_groups=4,
+             routed_scaling=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128,
              qk_rope_head_dim=64,
              note="sigmoid router scores with a per-expert bias (a buffer, not a parameter) and "
                   "experts chosen within 4 of 8 groups; a multi-token-prediction module "
@@ -351,7 +361,10 @@ def hf_config(model: Released | str) -> Any:
             n_shared_experts=m.n_shared_experts, moe_intermediate_size=m.expert_d_ff,
             first_k_dense_replace=m.dense_layers, kv_lora_rank=m.kv_lora_rank,
             q_lora_rank=m.q_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
-            qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.head_size)
+            qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.head_size,
+            n_group=m.n_expert_groups, topk_group=m.top_groups,
+            routed_scaling_factor=m.routed_scaling,
+            norm_topk_prob=m.routing != "unnormalised")
     return getattr(transformers, f"{kind}Config")(**common)
 
 
@@ -370,28 +383,42 @@ def gpt_config(model: Released | str) -> GPTConfig:
     """The tfbook GPTConfig of the released model, where the one block expresses it; a
     ValueError says which setting it cannot express."""
     m = _record(model)
-    if m.attention == "mla":
-        raise ValueError(f"{m.name}: multi-head latent attention is not a GPTConfig setting; "
-                         "tfbook.mla.MultiHeadLatentAttention computes it")
-    if m.n_experts is not None and (m.n_shared_experts or m.dense_layers):
-        raise ValueError(f"{m.name}: shared experts and dense first layers are not GPTConfig "
-                         "settings")
+    if m.ffn == "moe" and 0 < m.dense_layers < m.n_layers:
+        raise ValueError(f"{m.name}: its first {m.dense_layers} layer(s) are dense and the "
+                         f"other {m.moe_layers} mixtures of experts, but one BlockConfig "
+                         "serves every block")
+    if m.attention == "mla" and m.rope_scaling is not None:
+        raise ValueError(f"{m.name}: YaRN with latent attention also rescales the softmax "
+                         "(mscale), which the block does not apply")
     if m.rope_base is None:  # GPT-2
         return GPTConfig(vocab_size=m.vocab_size, max_len=m.max_len, n_layers=m.n_layers,
                          n_heads=m.n_heads, d_model=m.d_model, d_ff=m.d_ff, norm_eps=m.norm_eps)
+    moe = m.ffn == "moe"
     config = llama_config(
         vocab_size=m.vocab_size, max_len=m.max_len, n_layers=m.n_layers, d_model=m.d_model,
-        n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, d_ff=m.d_ff, rope_base=m.rope_base,
-        norm_eps=m.norm_eps, tie_weights=m.tie_weights, qk_norm=m.qk_norm,
-        sliding_window=m.sliding_window, n_experts=m.n_experts,
+        n_heads=m.n_heads, n_kv_heads=m.n_kv_heads,
+        d_ff=m.expert_d_ff if moe and m.expert_d_ff is not None else m.d_ff,
+        rope_base=m.rope_base, norm_eps=m.norm_eps, tie_weights=m.tie_weights,
+        qk_norm=m.qk_norm, sliding_window=m.sliding_window, n_experts=m.n_experts,
         top_k=2 if m.top_k is None else m.top_k, rope_convention="half",
         rope_precision="float32",
         head_dim=None if m.head_size * m.n_heads == m.d_model else m.head_size)
-    if m.rope_scaling is None:
-        return config
-    scaling = {f.name: getattr(m.rope_scaling, f.name) for f in fields(RopeScaling)
-               if getattr(m.rope_scaling, f.name) is not None}
-    return replace(config, rope_scaling=scaling)
+    changes: dict[str, Any] = {}
+    if moe and (m.routing, m.n_expert_groups, m.top_groups, m.n_shared_experts,
+                m.routed_scaling) != ("renormalised", 1, 1, 0, 1.0):
+        changes.update(routing=m.routing, n_expert_groups=m.n_expert_groups,
+                       top_groups=m.top_groups, n_shared_experts=m.n_shared_experts,
+                       routed_scaling=m.routed_scaling)
+    if m.attention == "mla":  # DeepSeek's RoPE turns adjacent pairs (rope_interleave)
+        changes.update(n_kv_heads=None, head_dim=None, rope_convention="interleaved",
+                       kv_lora_rank=m.kv_lora_rank, q_lora_rank=m.q_lora_rank,
+                       qk_nope_head_dim=m.qk_nope_head_dim,
+                       qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.head_size)
+    if m.rope_scaling is not None:
+        changes["rope_scaling"] = {f.name: getattr(m.rope_scaling, f.name)
+                                   for f in fields(RopeScaling)
+                                   if getattr(m.rope_scaling, f.name) is not None}
+    return replace(config, **changes) if changes else config
 
 
 # A tiny random Hugging Face model of each family, for the chapter's checks (the parity tests
@@ -401,16 +428,25 @@ TINY_HF = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_l
                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                max_position_embeddings=64, tie_word_embeddings=False, bos_token_id=None,
                eos_token_id=None, pad_token_id=None, initializer_range=0.2)
-TINY_FAMILIES = ("llama", "qwen3", "mistral", "mixtral")
+TINY_FAMILIES = ("llama", "qwen3", "mistral", "mixtral", "deepseek_v3")
+# DeepSeek-V3's attention and experts in miniature: latents of 16 (queries 24), 4 + 4 wide
+# query/key parts, values of 8; 8 experts of width 24 in 4 groups, 2 per token from the best
+# 2 groups, 1 shared expert, the routed weights scaled by 2.5; every block a MoE
+TINY_DEEPSEEK = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
+                     qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=8,
+                     moe_intermediate_size=24, n_routed_experts=8, num_experts_per_tok=2,
+                     n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
+                     norm_topk_prob=True, first_k_dense_replace=0, rms_norm_eps=1e-6)
 
 
 def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: int = 2,
                    rope_scaling: dict | None = None, seed: int = 0) -> nn.Module:
     """A tiny random `LlamaForCausalLM` ("llama"), `Qwen3ForCausalLM` ("qwen3"),
-    `MistralForCausalLM` with a sliding window ("mistral") or `MixtralForCausalLM`
-    ("mixtral"), in eval mode, with HF's sdpa attention and random norm gains (HF starts them
-    at one, which would hide a missing gain). `rope_scaling`: a Hugging Face rope_scaling
-    dict ({"rope_type": "yarn", "factor": 4.0, ...}), None for plain RoPE."""
+    `MistralForCausalLM` with a sliding window ("mistral"), `MixtralForCausalLM`
+    ("mixtral") or `DeepseekV3ForCausalLM` ("deepseek_v3": `TINY_DEEPSEEK`), in eval mode,
+    with HF's sdpa attention and random norm gains (HF starts them at one, which would hide a
+    missing gain) and, for DeepSeek, random router biases. `rope_scaling`: a Hugging Face
+    rope_scaling dict ({"rope_type": "yarn", "factor": 4.0, ...}), None for plain RoPE."""
     import transformers
 
     if family not in TINY_FAMILIES:
@@ -433,17 +469,25 @@ def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: i
         config = transformers.Qwen3Config(rms_norm_eps=1e-6, **settings)
     elif family == "mistral":
         config = transformers.MistralConfig(sliding_window=window, **settings)
-    else:
+    elif family == "mixtral":
         config = transformers.MixtralConfig(num_local_experts=n_experts,
                                             num_experts_per_tok=top_k, **settings)
         config._experts_implementation = "eager"  # HF's loop over experts
+    else:
+        settings.pop("head_dim")
+        config = transformers.DeepseekV3Config(**{**settings, **TINY_DEEPSEEK})
+        config._experts_implementation = "eager"
     config._attn_implementation = "sdpa"
-    hf = getattr(transformers, f"{family.capitalize()}ForCausalLM")(config)
+    name = "DeepseekV3" if family == "deepseek_v3" else family.capitalize()
+    hf = getattr(transformers, f"{name}ForCausalLM")(config)
     torch.manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn_like(p))
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # steers the choice of experts
+                b.copy_(0.1 * torch.randn_like(b))
     return hf.eval()
 
 
