@@ -287,7 +287,8 @@ def test_mla_arrows_are_the_modules_dataflow_and_the_bytes_its_cache() -> None:
                  ("absorbed.q_proj", "absorbed.q_latent"),
                  ("absorbed.cached_latent", "absorbed.weights"),
                  ("absorbed.cached_latent", "absorbed.heads"),
-                 ("absorbed.w_ouv", "absorbed.absorbed")]:
+                 ("absorbed.heads", "absorbed.values"),
+                 ("absorbed.values", "absorbed.output")]:
         assert edge in edges, edge
     naive = d.flows["naive"]
     # nothing reaches the scores from x but through the cache and the query

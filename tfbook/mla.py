@@ -17,8 +17,9 @@ multi-head attention and 2 H_kv D for grouped-query attention (`kv_cache_bytes_p
 
 Absorbed form, for decoding: q_N^h . (c W_UK^h) = (q_N^h W_UK^h^T) . c, so W_UK folds into
 the query and every head attends to the same single key [c ; k_R] and value c (one key/value
-head, as multi-query attention); W_UV folds into the output projection, W_O^h W_UV^h. The
-latent is never expanded to H heads. It computes the same function as the naive form.
+head, as multi-query attention); each head's mix of latents (r wide) then goes through W_UV^h
+on its way to W_O (W_UV applied to the T outputs, not to the S cached latents). The latent
+is never expanded to H heads. It computes the same function as the naive form.
 
 DeepSeek-V3 with YaRN RoPE scaling also multiplies the softmax scale by mscale^2, where
 mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (Hugging Face's `yarn_get_mscale`), because
@@ -348,12 +349,11 @@ class MultiHeadLatentAttention(nn.Module):
             k_abs = torch.cat((latent, k_rope), dim=-1)  # (B, 1, S, r + d_R): one key head
             y, weights = attend(q_abs, k_abs, latent, mask, causal, p, need_weights,
                                 self.attention)  # (B, H, T, r)
-            w_o = self.o_proj.weight.view(C, self.n_heads, self.v_head_dim)
-            w_ouv = torch.einsum("chv,hvr->chr", w_o, w_uv)  # W_O^h W_UV^h: (C, H, r)
-            out = torch.einsum("bhtr,chr->btc", y, w_ouv)
-            if self.o_proj.bias is not None:
-                out = out + self.o_proj.bias
-            return out, weights
+            # W_UV on the T outputs, never on the S cached latents; forming W_O^h W_UV^h once
+            # per call would cost C H d_V r multiply-adds, more than a decode step's attention
+            y = torch.einsum("bhtr,hvr->bhtv", y, w_uv)  # (B, H, T, d_V): each head's values
+            y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.v_head_dim)
+            return self.o_proj(y), weights
         S = latent.size(2)
         kv = self.kv_b_proj(latent[:, 0])  # (B, S, H (d_N + d_V))
         kv = kv.view(B, S, self.n_heads, -1).transpose(1, 2)  # (B, H, S, d_N + d_V)

@@ -480,7 +480,7 @@ def moe_figure(moe: object, x: Tensor, tokens: list[str] | None = None) -> Diagr
 # --- multi-head latent attention ------------------------------------------------------------
 
 # the einsums of the absorbed form, in the order MultiHeadLatentAttention.forward makes them
-ABSORBED_STEPS = {"einsum": (("out", "q_latent"), ("out", "w_ouv"), ("out", "absorbed"))}
+ABSORBED_STEPS = {"einsum": (("out", "q_latent"), ("out", "values"))}
 
 
 def _run_mla(mla: object, x: Tensor, absorbed: bool) -> tuple[Recorder, dict, object]:
@@ -641,14 +641,13 @@ def _mla_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Canvas:
 
 
 def _absorbed_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Canvas:
-    """The absorbed form: W_UK folded into the query, W_UV into W_O; every head attends to
+    """The absorbed form: W_UK folded into the query, W_UV on the outputs; every head attends to
     the one cached key [c; k_R] and the one value c."""
     H, r = mla.n_heads, mla.kv_lora_rank
     c = Canvas("Multi-head latent attention, absorbed: attention over the latent itself")
     y = heading(c, "Absorbed: attend to c itself", 0, 0)
     wrap = 126.0
     B, _, T, S = shapes["weights"]
-    C = x.size(-1)
     nodes = {
         "x": Node("input X", tuple(x.shape), ("B", "T", "C"), "stream", "x", flow="x",
                   stack=True),
@@ -668,10 +667,11 @@ def _absorbed_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Can
                   wrap=wrap),
         "h": Node("A c", (B, H, T, r), ("B", "H", "T", "r"), "attn", "heads", flow="heads",
                   stack=True, note="one value head: c", wrap=wrap),
-        "wo": Node("W_{O} W_{UV}", (C, H, r), ("C", "H", "r"), "ffn", "w_ouv", flow="w_ouv",
-                   stack=True, note="folded once, from the weights", wrap=wrap),
-        "o": Node("output", shapes["output"], ("B", "T", "C"), "attn", "output",
-                  flow="absorbed", stack=True),
+        "wo": Node("(A c) W_{UV}ᵀ", (B, H, T, mla.v_head_dim), ("B", "H", "T", "d_V"), "attn",
+                   "values", flow="values", stack=True,
+                   note="W_UV on the T outputs, not the S cached latents", wrap=wrap),
+        "o": Node("merge, W_{O}", shapes["output"], ("B", "T", "C"), "attn", "output",
+                  flow="output", stack=True),
     }
     w = max(n.width for n in nodes.values())
     gap, side = 20.0, 12.0
@@ -705,10 +705,11 @@ def _absorbed_canvas(mla: object, x: Tensor, shapes: dict, rec: Recorder) -> Can
             (right - 6, R["h"].cy), (R["h"].right, R["h"].cy)],
            edge=("cached_latent", "heads"))
     y = R["h"].bottom + GAP
+    R["wo"] = draw(c, nodes["wo"], xl, y, w)
+    _link(c, R["h"], R["wo"], ("heads", "values"))
+    y = R["wo"].bottom + GAP
     R["o"] = draw(c, nodes["o"], xl, y, w)
-    R["wo"] = draw(c, nodes["wo"], xr, y, w)
-    _link(c, R["h"], R["o"], ("heads", "absorbed"))
-    c.arrow(R["wo"].x, R["o"].cy, R["o"].right, R["o"].cy, edge=("w_ouv", "absorbed"))
+    _link(c, R["wo"], R["o"], ("values", "output"))
     _wire(c, rec.flow, omit=(("x", "heads"),))
     return c
 
@@ -747,8 +748,8 @@ def mla_figure(mla: object, x: Tensor, n_kv_heads: int, head_size: int | None = 
     """Multi-head latent attention (DeepSeek-V2/V3) drawn from a run of `mla` on x (B, T, C)
     through a `LatentCache`: what is cached (the latent c and the shared RoPE key k_R), the
     per-head keys and values made from the cached latent by the up-projections, the absorbed
-    form (W_UK folded into the query, W_UV into W_O, every head attending to c itself), and
-    the cache per token and layer beside multi-head and grouped-query attention with
+    form (W_UK folded into the query, W_UV applied to the outputs, every head attending to c
+    itself), and the cache per token and layer beside multi-head and grouped-query attention with
     `n_kv_heads` key/value heads, both of `head_size` (default: mla.qk_nope_head_dim).
 
     The arrows of both forms are the dependencies recorded while the module runs; the byte
