@@ -44,7 +44,9 @@ class TokenEmbedding(nn.Module):
         # reading is that it keeps small initial embeddings from being drowned by the
         # positional encoding, whose entries are of size ~1 (the embeddings chapter tests it).
         self.scale = math.sqrt(d_model) if scale else 1.0
-        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * 0.02)  # E: (V, C)
+        # mul_ rather than *: the same numbers, and on the meta device it does not import
+        # torch._dynamo (about a second, in every process that builds a model there)
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model).mul_(0.02))  # E: (V, C)
 
     def forward(self, idx: Tensor) -> Tensor:
         """idx (B, T) integer ids -> (B, T, C) vectors."""

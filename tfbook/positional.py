@@ -87,7 +87,7 @@ class LearnedPositionalEmbedding(nn.Module):
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
         self.max_len = max_len
-        self.weight = nn.Parameter(torch.randn(max_len, d_model) * 0.02)  # (max_len, C)
+        self.weight = nn.Parameter(torch.randn(max_len, d_model).mul_(0.02))  # (max_len, C)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """x (B, T, C) -> x + P[positions] (B, T, C); positions (T,) or (B, T), default 0..T-1."""

@@ -155,7 +155,7 @@ class GPT(nn.Module):
                 experts.append(block.ff.shared)  # DeepSeek's shared experts
             attn_out = getattr(block.attn, "out_proj", None) or block.attn.o_proj  # MLA: o_proj
             for proj in (attn_out, *(expert.fc_out for expert in experts)):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layers))
+                normal_init(proj.weight, std=0.02 / math.sqrt(2 * config.n_layers))
 
     def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
         """cos and sin of the rotary angles at `positions`, shared by every layer (None without
@@ -250,14 +250,21 @@ class GPT(nn.Module):
         return ModelOutput(logits=logits, loss=loss, attentions=attentions)
 
 
+def normal_init(weight: Tensor, std: float) -> None:
+    """weight ~ N(0, std^2) in place; nothing on the meta device, which holds shapes only
+    (and where torch's init would import its compiler, about a second per process)."""
+    if not weight.is_meta:
+        nn.init.normal_(weight, mean=0.0, std=std)
+
+
 def init_weights(module: nn.Module) -> None:
     """GPT-2's initialisation: N(0, 0.02) weights, zero biases (norms keep 1 and 0)."""
     if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if module.bias is not None:
+        normal_init(module.weight, std=0.02)
+        if module.bias is not None and not module.bias.is_meta:
             nn.init.zeros_(module.bias)
     elif isinstance(module, (TokenEmbedding, LearnedPositionalEmbedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        normal_init(module.weight, std=0.02)
 
 
 def gpt_on_meta(config: GPTConfig) -> GPT:
