@@ -210,6 +210,12 @@ def test_reading_the_shipped_blocks_matches_ggufs_reader(smollm2_blocks: dict) -
         assert np.array_equal(gguf_dequantise(blocks, kind).numpy(), theirs), name
     assert smollm2_blocks["token_embd.weight"][0] == "Q8_0"
     assert {smollm2_blocks[n][0] for n in SMOLLM2_NAMES} == {"Q4_1"}
+    import gguf  # the bytes themselves, as the llama.cpp project's reader finds them
+
+    stored = {t.name: t for t in gguf.GGUFReader(smollm2_gguf_path()).tensors}
+    for name, (kind, blocks) in smollm2_blocks.items():
+        assert stored[name].tensor_type.name == kind
+        assert np.array_equal(blocks.numpy(), np.asarray(stored[name].data)), name
 
 
 @pytest.mark.parametrize("kind", GGUF_FORMATS)

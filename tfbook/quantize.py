@@ -33,7 +33,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -427,11 +426,11 @@ def quantise_linears(model: nn.Module) -> nn.Module:
 
 @functools.lru_cache(maxsize=2)
 def _gguf_tensors(path: str) -> dict:
-    """The tensor entries of a GGUF file, name -> gguf.ReaderTensor (read once: parsing the
-    metadata of a 49,152-token vocabulary takes seconds)."""
-    import gguf  # the file reader of the llama.cpp project
+    """Where each tensor of a GGUF file lies, name -> GGUFTensorInfo (tfbook's checked walk
+    of the file, tfbook.checkpoints.gguf.read_layout)."""
+    from tfbook.checkpoints.gguf import read_layout
 
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+    return {t.name: t for t in read_layout(Path(path)).tensors}
 
 
 def read_gguf_blocks(path: str | Path, names: Iterable[str]) -> dict[str, tuple[str, Tensor]]:
@@ -455,11 +454,15 @@ def read_gguf_blocks(path: str | Path, names: Iterable[str]) -> dict[str, tuple[
     out = {}
     for name in names:
         t = stored[name]
-        kind = t.tensor_type.name
+        kind = t.kind.name
         if kind not in BLOCK_BYTES:
             raise ValueError(f"tensor {name!r} of {path} is {kind}, expected one of "
                              f"{GGUF_FORMATS}")
-        out[name] = (kind, torch.from_numpy(np.array(t.data, dtype=np.uint8)))  # a copy
+        with open(path, "rb") as f:  # its bytes: one row of blocks per output
+            f.seek(t.offset)
+            raw = bytearray(f.read(t.n_bytes))
+        out[name] = (kind, torch.frombuffer(raw, dtype=torch.uint8).view(math.prod(t.dims[1:]),
+                                                                          -1))
     return out
 
 
