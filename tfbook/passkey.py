@@ -1,8 +1,8 @@
 """Passkey retrieval (Mohtashami & Jaggi 2023): can a model find one fact in a long text?
 
-The prompt is the classic one of "Landmark attention": a short instruction, then filler
-sentences repeated up to the target length, with ONE sentence that states a random 5-digit
-pass key hidden at a chosen depth, and the question at the end:
+The prompt follows the one of "Landmark attention" (its sentences, one pronoun edited): a
+short instruction, then filler sentences repeated up to the target length, with ONE sentence
+that states a random 5-digit pass key hidden at a chosen depth, and the question at the end:
 
     There is an important info hidden inside a lot of irrelevant text. ... there.
      The grass is green. The sky is blue. ... [the pass key is 48213 ...] ... There and back
