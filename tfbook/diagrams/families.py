@@ -316,7 +316,7 @@ def qk_norm_figure(attn: object, x: Tensor) -> Diagram:
     gain = tuple(attn.q_norm.weight.shape)
     eps = attn.q_norm.eps
     c = Canvas("QK-norm in the attention sub-layer")
-    y = heading(c, "QK-norm: RMSNorm per head, before RoPE", 0, 0)
+    y = heading(c, "QK-norm: per head, before RoPE", 0, 0)
     wrap = 140.0
     xn = Node("input X", tuple(x.shape), ("B", "T", "C"), "stream", "x", flow="x")
     qn = Node("Q = X W_{Q}", shapes["q_norm"], ("B", "H", "T", "D"), "attn", "q", flow="q",
