@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_model import machine  # noqa: E402
 
 from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama  # noqa: E402
+from tfbook.families import random_norm_gains  # noqa: E402
 from tfbook.mla import LatentCache, MultiHeadLatentAttention, kv_cache_bytes_per_token  # noqa: E402
 from tfbook.models.gpt import GPTConfig  # noqa: E402
 
@@ -131,14 +132,7 @@ def compare(times: dict, ours: str, theirs: str, per: int = 1) -> dict:
             "wall_speed_ratio": summary([wb / wa for (wa, _), (wb, _) in zip(a, b, strict=True)])}
 
 
-def randomized(hf_model: nn.Module) -> nn.Module:
-    """Random norm gains (HF starts them at one, which would hide a missing gain)."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in hf_model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
-    return hf_model.eval()
+randomized = random_norm_gains  # random norm gains (HF starts them at one)
 
 
 def hf_model(family: str, **overrides):

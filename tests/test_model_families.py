@@ -36,6 +36,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 from tests.pinned_threads import THREAD_COUNTS, pinned_threads
 from tfbook.blocks import BlockConfig
 from tfbook.checkpoints.hf_llama import config_from_hf_llama, tfbook_from_hf_llama
+from tfbook.families import random_norm_gains
 from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.models.llama import (
@@ -60,14 +61,7 @@ IDS = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(2)) 
 CHUNKS = [[1] * 13, [7, 1, 1, 4], [3, 5, 2, 1, 1, 1]]  # prefill and decode steps
 
 
-def randomized(hf_model):
-    """Random norm gains too (HF starts them at one, which would hide a missing gain)."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in hf_model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
-    return hf_model.eval()
+randomized = random_norm_gains  # random norm gains too (HF starts them at one)
 
 
 def qwen3(attn: str) -> Qwen3ForCausalLM:

@@ -439,6 +439,17 @@ TINY_DEEPSEEK = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24,
                      norm_topk_prob=True, first_k_dense_replace=0, rms_norm_eps=1e-6)
 
 
+def random_norm_gains(hf_model: nn.Module, seed: int = 1) -> nn.Module:
+    """Every norm gain of a Hugging Face model drawn from 1 + 0.5 N(0, 1) (HF starts them at
+    one, which would hide a converter that drops a gain); -> the model, in eval mode."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.5 * torch.randn_like(p))
+    return hf_model.eval()
+
+
 def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: int = 2,
                    rope_scaling: dict | None = None, seed: int = 0) -> nn.Module:
     """A tiny random `LlamaForCausalLM` ("llama"), `Qwen3ForCausalLM` ("qwen3"),
@@ -480,11 +491,8 @@ def tiny_hf_family(family: str, *, window: int = 4, n_experts: int = 4, top_k: i
     config._attn_implementation = "sdpa"
     name = "DeepseekV3" if family == "deepseek_v3" else family.capitalize()
     hf = getattr(transformers, f"{name}ForCausalLM")(config)
-    torch.manual_seed(seed + 1)
+    random_norm_gains(hf, seed + 1)
     with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.5 * torch.randn_like(p))
         for name, b in hf.named_buffers():
             if name.endswith("e_score_correction_bias"):  # steers the choice of experts
                 b.copy_(0.1 * torch.randn_like(b))
