@@ -92,9 +92,9 @@ def test_vocabulary_as_stored(tok):
 
 def test_ids_equal_hf_tokenizers_on_the_whole_corpus(tok, hf):
     corpus = stdlib_corpus()
-    start = time.perf_counter()
-    ours = tok.encode(corpus)
-    assert time.perf_counter() - start < 30
+    start = time.process_time()  # CPU time of this process: another program's load does not
+    ours = tok.encode(corpus)  # count
+    assert time.process_time() - start < 30
     assert ours == hf.encode(corpus, add_special_tokens=False).ids
     assert tok.decode(ours) == corpus == hf.decode(ours, skip_special_tokens=False)
 
