@@ -5,8 +5,9 @@ longest context: the widget's saved state must stay under 8 MB. The test measure
 prints) the first complete draw, from the moment the widget's root element appears (its
 render starts) and from the navigation, next to a 4-token map's (the cost of require.js and
 the widget manager alone), and the time a key press on the head slider or a hover over the
-large map takes to reach the screen. The bounds asserted are generous, because the machine
-running the tests is shared; the medians are printed for the report."""
+large map takes to reach the screen. The bounds asserted are generous and on the CPU time of
+the page's main thread, which a loaded machine hardly stretches (the machine running the tests
+is shared); the clock times and medians are printed for the report."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from ipywidgets.embed import dependency_state
 
-from tests.browser import serve, site_extension, watch, widget_page
+from tests.browser import main_thread_cpu, serve, site_extension, watch, widget_page
 from tests.conftest import ASSETS
 from tfbook.widgets.attention import AttentionExample, AttentionMap
 
@@ -69,16 +70,21 @@ def state_bytes(widget: AttentionMap) -> int:
 
 
 def first_draw(browser, base_url: str, name: str, count: int, tokens: int):
-    """Open the page `name`; wait for the complete first draw. Returns the page, its log and the
-    times (ms since the navigation started) of the widget's render and of its first draw."""
+    """Open the page `name`; wait for the complete first draw. Returns the page, its log, the
+    times (ms since the navigation started) of the widget's render and of its first draw, the
+    CPU ms the page's main thread used from the navigation to the first draw and a reader of
+    that CPU time."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.add_init_script(RENDER_START_JS)
     log = watch(page, base_url)
+    cpu = main_thread_cpu(page)
+    cpu_start = cpu()
     page.goto(base_url + name, wait_until="commit")
     drawn_at = page.wait_for_function(f"(a) => ({DRAWN_JS})(a) && performance.now()",
                                       arg=[count, tokens], polling="raf",
                                       timeout=60000).json_value()
-    return page, log, page.evaluate("() => window.tfwRenderAt"), drawn_at
+    return (page, log, page.evaluate("() => window.tfwRenderAt"), drawn_at, cpu() - cpu_start,
+            cpu)
 
 
 def test_512_tokens_72_heads_page_size_and_speed(browser, tmp_path: Path) -> None:
@@ -90,30 +96,36 @@ def test_512_tokens_72_heads_page_size_and_speed(browser, tmp_path: Path) -> Non
     size = state_bytes(widget)
     with serve(tmp_path) as base_url:
         # the cost of the page machinery alone: a 4-token map (require.js, widget manager)
-        page, _, _, small_drawn_at = first_draw(browser, base_url, small_file.name, 1, 4)
+        page, _, _, small_drawn_at, small_cpu, _ = first_draw(browser, base_url,
+                                                               small_file.name, 1, 4)
         page.close()
-        page, log, render_at, drawn_at = first_draw(browser, base_url, page_file.name, L * H, T)
+        page, log, render_at, drawn_at, load_cpu, cpu = first_draw(browser, base_url,
+                                                                   page_file.name, L * H, T)
         root = page.locator(".tfw").first
         caption = root.locator(".tfw-note").first
 
         head = root.locator("input[aria-label=head]")
         head.focus()
-        key_ms = []
+        key_ms, key_cpu = [], []
         for expected in range(1, REPEATS + 1):
             page.evaluate(ARM_JS, "keydown")
+            cpu_start = cpu()
             page.keyboard.press("ArrowRight")
             key_ms.append(page.wait_for_function("() => window.tfwStop").json_value())
+            key_cpu.append(cpu() - cpu_start)
             assert f"head {expected}:" in caption.inner_text()
             assert page.evaluate("() => document.activeElement.getAttribute('aria-label')") \
                 == "head"
 
         big = root.locator("canvas").first.bounding_box()
-        hover_ms = []
+        hover_ms, hover_cpu = [], []
         for i in range(REPEATS):
             y = big["y"] + big["height"] * (0.1 + 0.15 * i)
             page.evaluate(ARM_JS, "mousemove")
+            cpu_start = cpu()
             page.mouse.move(big["x"] + 5, y)
             hover_ms.append(page.wait_for_function("() => window.tfwStop").json_value())
+            hover_cpu.append(cpu() - cpu_start)
         page.mouse.move(big["x"] + 5, big["y"] + big["height"] - 2)  # the last query: HOSTILE
         page.wait_for_function("(t) => document.querySelector('.tfw-strip').innerText"
                                ".includes(t)", arg=HOSTILE.replace(" ", "␣"))
@@ -127,8 +139,14 @@ def test_512_tokens_72_heads_page_size_and_speed(browser, tmp_path: Path) -> Non
           f"the navigation (a 4-token map: {small_drawn_at:.0f} ms); key press {key:.1f} ms "
           f"(median of {[round(x, 1) for x in key_ms]}), hover {hover:.1f} ms (median of "
           f"{[round(x, 1) for x in hover_ms]})")
+    key_cpu, hover_cpu = statistics.median(key_cpu), statistics.median(hover_cpu)
+    print(f"CPU time of the page's main thread: the page's load to its first draw {load_cpu:.0f} "
+          f"ms (a 4-token map: {small_cpu:.0f} ms), key press {key_cpu:.1f} ms, hover "
+          f"{hover_cpu:.1f} ms (medians)")
     assert size <= PAGE_BUDGET, f"the state holds {size:,} bytes, more than {PAGE_BUDGET:,}"
-    assert widget_ms < 5000, f"the first draw took {widget_ms:.0f} ms"
-    assert key < 1000 and hover < 1000, f"redraws took {key:.0f} ms (key), {hover:.0f} ms (hover)"
+    # the bounds are on CPU time, which a loaded machine hardly stretches; the clock's are printed
+    assert load_cpu < 5000, f"the load and first draw took {load_cpu:.0f} ms of CPU"
+    assert key_cpu < 1000 and hover_cpu < 1000, \
+        f"redraws took {key_cpu:.0f} ms (key), {hover_cpu:.0f} ms (hover) of CPU"
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log

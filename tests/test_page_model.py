@@ -23,7 +23,7 @@ import regex
 import torch
 from playwright.sync_api import expect
 
-from tests.browser import serve, watch
+from tests.browser import main_thread_cpu, serve, watch
 from tfbook.generate.sampling import filter_logits, kept_distribution
 from tfbook.generate.search import generate
 from tfbook.models.gpt import GPT, GPTConfig
@@ -532,7 +532,8 @@ def test_bad_input_in_the_page_is_a_clear_error(page) -> None:
 def test_speed_of_a_64_token_forward(page) -> None:
     """The book's page model (2 x 64 x 4 heads, V = 2048, float16 weights): the median time of
     a forward over 64 tokens (logits for all 64), with and without the attention weights,
-    and of one cached generation step. Printed; the bound is loose (a loaded 2-core box)."""
+    and of one cached generation step, printed. The bound is on the CPU time of the page's
+    main thread per forward (a loaded machine stretches the clock times, not that)."""
     times = page.evaluate("""async () => {
       const model = await loadModel("book.json");
       const ids = Array.from({ length: 64 }, (_, i) => (i * 37) % model.config.vocab_size);
@@ -558,7 +559,19 @@ def test_speed_of_a_64_token_forward(page) -> None:
     }""")
     print("\nmedian ms, 64 tokens, V = 2048: " + ", ".join(f"{k} {v:.1f}"
                                                          for k, v in times.items()))
-    assert times["forward"] < 500
+    page.evaluate("""async () => {
+      window.speedModel = await loadModel("book.json");
+      window.speedIds = Array.from({ length: 64 },
+                                   (_, i) => (i * 37) % window.speedModel.config.vocab_size);
+      window.speedModel.forward(window.speedIds);  // compiled before the measurement
+    }""")
+    cpu, runs = main_thread_cpu(page), 10
+    before = cpu()
+    page.evaluate(f"() => {{ for (let r = 0; r < {runs}; r++) "
+                  "window.speedModel.forward(window.speedIds); }")
+    forward_cpu = (cpu() - before) / runs
+    print(f"CPU time of the page's main thread per forward: {forward_cpu:.1f} ms")
+    assert forward_cpu < 500
 
 
 def test_hostile_text_is_shown_as_text(page, bpe: BPETokenizer) -> None:
