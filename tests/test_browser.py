@@ -112,7 +112,7 @@ def wait_until_drawn(page, source: str) -> None:
     300 x 150), the fonts loaded."""
     if 'class="math' in source:
         page.wait_for_function("document.querySelectorAll('mjx-container').length > 0",
-                               timeout=20000)
+                               timeout=60000)
         page.evaluate("() => window.MathJax.startup.promise.then(() => true)")
     n_views = source.count("application/vnd.jupyter.widget-view+json")
     if n_views:
@@ -120,7 +120,7 @@ def wait_until_drawn(page, source: str) -> None:
             f"""document.querySelectorAll('.tfw').length >= {n_views} &&
             [...document.querySelectorAll('.tfw canvas')].every((c) =>
               c.getClientRects().length === 0 || c.width !== 300 || c.height !== 150)""",
-            timeout=30000)
+            timeout=60000)
     page.evaluate("document.fonts.ready.then(() => true)")
 
 

@@ -145,7 +145,7 @@ def lab(tmp_path_factory):
         yield url, folder / "book"
     finally:
         lab.terminate()
-        lab.wait(timeout=30)
+        lab.wait(timeout=60)
 
 
 def test_chapter_opens_as_notebook_and_widget_is_live(browser, lab) -> None:

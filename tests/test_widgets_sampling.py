@@ -213,7 +213,7 @@ READ_GRID_JS = """async (root, grid) => {
   const summary = root.querySelector(".tfw-summary");
   const until = async (want) => {
     for (const start = performance.now(); summary.dataset.settings !== want;) {
-      if (performance.now() - start > 5000) {
+      if (performance.now() - start > 60000) {
         throw new Error(`page stuck at ${summary.dataset.settings}, wanted ${want}`);
       }
       await new Promise((resolve) => setTimeout(resolve, 0));
