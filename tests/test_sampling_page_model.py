@@ -243,7 +243,9 @@ GENERATE_JS = """async (root, [prompt, n, seed, temperature, k, p]) => {
     fire(control("step"), s + 1);
     const want = JSON.stringify([s, temperature, k, p]);
     for (const start = performance.now(); summary.dataset.settings !== want;) {
-      if (performance.now() - start > 60000) throw new Error(`stuck at ${summary.dataset.settings}`);
+      if (performance.now() - start > 60000) {
+        throw new Error(`stuck at ${summary.dataset.settings}`);
+      }
       await new Promise((resolve) => setTimeout(resolve, 0));
     }
     const rows = [...root.querySelectorAll(".tfw-bar")];
