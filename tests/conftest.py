@@ -124,6 +124,30 @@ def book_html(request) -> Path:
     return book_build.HTML
 
 
+PAGE_TIMEOUT_MS = 60_000  # Playwright's default, 30 s, is short on a loaded machine
+
+
+class PatientBrowser:
+    """A Playwright browser whose pages and contexts wait up to PAGE_TIMEOUT_MS by default for
+    the conditions the tests wait for (an element drawn, a navigation); otherwise the browser."""
+
+    def __init__(self, browser) -> None:
+        self._browser = browser
+
+    def new_page(self, **options):
+        page = self._browser.new_page(**options)
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
+        return page
+
+    def new_context(self, **options):
+        context = self._browser.new_context(**options)
+        context.set_default_timeout(PAGE_TIMEOUT_MS)
+        return context
+
+    def __getattr__(self, name: str):
+        return getattr(self._browser, name)
+
+
 @pytest.fixture(scope="session")
 def browser():
     """Debian's Chromium, headless, through Playwright."""
@@ -133,5 +157,5 @@ def browser():
         chromium = playwright.chromium.launch(
             executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS
         )
-        yield chromium
+        yield PatientBrowser(chromium)
         chromium.close()
