@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from tfbook.config import is_int
 from tfbook.flash import _tile_scores, flash_backward, online_softmax_update, tile_status
@@ -227,6 +228,7 @@ class _RingAttention(torch.autograd.Function):
         return out5.reshape(*q.shape[:-1], v.size(-1))  # (B, H, t, Dv)
 
     @staticmethod
+    @once_differentiable  # the messages are not part of any graph: no double backward
     def backward(ctx, grad_out: Tensor):
         q5, k5, v5, out5, lse5 = ctx.saved_tensors
         causal, layout, work, q_shape, k_shape, v_shape = ctx.settings
@@ -236,20 +238,23 @@ class _RingAttention(torch.autograd.Function):
         n = p * q5.size(-2)
         g5 = grad_out.reshape(out5.shape).contiguous()
         dq5 = torch.zeros_like(q5)
-        travelling = {"k": k5, "v": v5, "dk": torch.zeros_like(k5), "dv": torch.zeros_like(v5)}
+        block = {"k": k5, "v": v5}
+        grads = {"dk": torch.zeros_like(k5), "dv": torch.zeros_like(v5)}
         for s in range(p):
+            # the keys and values move on before they are used (overlapping the computation),
+            # their gradient accumulators once this rank has added its part
+            requests, next_block = _pass_on(block, rank, p) if s < p - 1 else ([], {})
             theirs = rank_chunks((rank - s) % p, p, layout)
-            _backward_step(g5, q5, out5, lse5, travelling["k"], travelling["v"], dq5,
-                           travelling["dk"], travelling["dv"], mine, theirs, c, n, causal, work)
-            # the block moves on with its gradients; after the p-th pass they are home
-            moving = travelling if s < p - 1 else {"dk": travelling["dk"], "dv": travelling["dv"]}
-            if p > 1:
-                requests, received = _pass_on(moving, rank, p)
-                for request in requests:
-                    request.wait()
-                travelling = received
-        return (dq5.reshape(q_shape), travelling["dk"].reshape(k_shape),
-                travelling["dv"].reshape(v_shape), None, None, None)
+            _backward_step(g5, q5, out5, lse5, block["k"], block["v"], dq5, grads["dk"],
+                           grads["dv"], mine, theirs, c, n, causal, work)
+            if p > 1:  # after the p-th pass the accumulators are back at their block's owner
+                more, grads = _pass_on(grads, rank, p)
+                requests += more
+            for request in requests:
+                request.wait()
+            block = next_block
+        return (dq5.reshape(q_shape), grads["dk"].reshape(k_shape),
+                grads["dv"].reshape(v_shape), None, None, None)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
@@ -300,6 +305,7 @@ class _SimulatedRing(torch.autograd.Function):
                                  for o in out5], layout)  # (B, H, n, Dv)
 
     @staticmethod
+    @once_differentiable  # as the real ring's
     def backward(ctx, grad_out: Tensor):
         p, c, n, causal, layout, works, q_shape, k_shape, v_shape = ctx.settings
         q5, k5, v5, out5, lse5 = (ctx.saved_tensors[i * p:(i + 1) * p] for i in range(5))
