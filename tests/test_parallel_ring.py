@@ -1,20 +1,19 @@
 """Ring attention (tfbook.parallel.ring): equal to attention over the whole sequence on one
-process, on 2 gloo processes (one launch for every scenario) and simulated for p = 1 .. 4."""
+process, on 2 gloo processes (one launch for every scenario), on p = 3, 4 threads standing in
+for processes, and simulated for p = 1 .. 4."""
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
 from tfbook.attention import attend
 from tfbook.parallel import ring
 from tfbook.parallel.ring import (
@@ -25,7 +24,6 @@ from tfbook.parallel.ring import (
     simulate_ring_attention,
     unshard_sequence,
 )
-from tfbook.train.distributed import free_port
 
 WORLD = 2
 TOL = 2.0 ** -40  # float64 against the one-process reference
@@ -56,10 +54,10 @@ def simulated(q, k, v, g_out, p: int, causal: bool, layout: str):
     return out.detach(), torch.autograd.grad((out * g_out).sum(), leaves), work
 
 
-def _worker(rank: int, init_method: str, out_dir: str) -> None:
+def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     """One rank: every scenario through the real ring, results saved for the tests to read."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     try:
         results = []
@@ -93,28 +91,7 @@ def _worker(rank: int, init_method: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     """One launch of 2 gloo processes for every scenario -> [rank 0's, rank 1's] results."""
-    out_dir = tmp_path_factory.mktemp("ring")
-    saved = {key: os.environ.get(key) for key in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    os.environ.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    try:
-        context = mp.spawn(_worker, args=(f"tcp://127.0.0.1:{free_port()}", str(out_dir)),
-                           nprocs=WORLD, join=False)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    deadline = time.monotonic() + 120
-    try:
-        while not context.join(timeout=1.0):
-            assert time.monotonic() < deadline, "the ring processes did not finish in 120 s"
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5.0)
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD)]
+    return spawn_scenarios(_worker, tmp_path_factory.mktemp("ring"), WORLD)
 
 
 def max_diff(a, b) -> float:
