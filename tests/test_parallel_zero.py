@@ -124,6 +124,10 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
             ShardedOptimizer(nn.Linear(2, 2).parameters(), ShardedOptimizer, lr=0.1)
         except TypeError as error:
             res["nested"] = str(error)
+        try:  # another architecture on rank 1
+            ShardedOptimizer(nn.Linear(2, 2 + rank).parameters(), torch.optim.AdamW)
+        except ValueError as error:
+            res["mismatch"] = str(error)
         torch.save(res, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -169,6 +173,8 @@ def test_with_data_parallel_equal_to_torch(launch):
 
 def test_bad_input_is_refused(launch):
     assert "optimizer_cls must be" in launch[0]["nested"]
+    for rank in launch:
+        assert "same shapes" in rank["mismatch"] and "[1]" in rank["mismatch"]
     assert not dist.is_initialized()
     params = list(nn.Linear(2, 2).parameters())
     for bad in (torch.optim.AdamW(params), "adamw", nn.Linear, None):

@@ -18,7 +18,10 @@ ranks issue their collectives in the same order whatever order autograd finishes
 A tied matrix (GPT's embedding and head) is one Parameter: `parameters()` lists it once and its
 hook fires once, after both uses have added their parts. A parameter that received no
 gradient on a rank counts as zeros there; one that received none on any rank keeps `grad=None`
-(as DDP with find_unused_parameters=True does).
+(as DDP with find_unused_parameters=True does). Such a parameter holds back its bucket, and
+with it every later one, until finish_gradient_synchronization(): no overlap past it.
+Unlike torch's DDP, which at its default cap (25 MiB) gives the first bucket only 1 MiB so that
+communication starts sooner, every bucket here has the same cap (megabytes are MiB, 2^20 bytes).
 
 Use inside a process group the caller set up (gloo here):
 

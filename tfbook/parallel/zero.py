@@ -58,6 +58,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         index = len(self.param_groups) - 1
         group = self.param_groups[index]
+        # every rank must deal out the same parameters, or owners would disagree
+        shapes = [tuple(p.shape) for p in group["params"]]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, shapes)
+        if any(g != shapes for g in gathered):
+            differs = [r for r, g in enumerate(gathered) if g != gathered[0]]
+            raise ValueError("ShardedOptimizer: every rank must pass parameters of the same "
+                             f"shapes in the same order; rank(s) {differs} differ from rank 0 "
+                             f"in parameter group {index}")
         # largest first, each to the rank holding the fewest numbers (ties: lowest rank)
         for p in sorted(group["params"], key=lambda t: t.numel(), reverse=True):
             if id(p) in self.owner:  # torch refuses a parameter in two groups; be safe
