@@ -97,6 +97,27 @@ def toy_train(model: nn.Module, params, rank: int, world_size: int, finish=None)
         opt.step()
 
 
+def storage_during_a_step(model: FSDP, rank: int, world_size: int) -> dict[str, list[int]]:
+    """Bytes each unit's gathered vector holds: inside block 1's forward, after the forward
+    pass, after the backward pass."""
+    sizes = lambda: [u.full.untyped_storage().nbytes() for u in model._units]  # noqa: E731
+    seen = {}
+
+    def record(_module, _args) -> None:  # runs after FSDP's gather
+        seen["in block 1"] = sizes()
+
+    handle = model.module.blocks[1].register_forward_pre_hook(record)
+    batch = shard_batch(random_windows(IDS, B, T, torch.Generator().manual_seed(9)), rank,
+                        world_size)
+    loss = lm_loss(model, batch)
+    seen["after forward"] = sizes()
+    loss.backward()
+    seen["after backward"] = sizes()
+    handle.remove()
+    model.zero_grad(set_to_none=True)
+    return seen
+
+
 def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     out: dict = {}
@@ -124,6 +145,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
             out[f"{name}_shards"] = [(tuple(p.shape), p.dtype) for p in model.parameters()]
             out[f"{name}_layout"] = model.layout
             if name == "fsdp_float32":
+                out["storage"] = storage_during_a_step(model, rank, world_size)
                 with torch.no_grad():
                     out["fsdp_logits"] = model(PROBE).logits  # (2, T, V)
                 out["fsdp_all_ranks"] = model.full_state_dict(rank0_only=False)
@@ -208,6 +230,14 @@ def test_layout_units_and_padding(runs):
     assert [(u.name, u.numel, u.padded, u.padding) for u in toy] == [
         ("layers.0", 20, 20, 0), ("layers.1", 6, 6, 0), ("", 1, 2, 1)]
     assert runs[1]["toy_shards"][2].tolist() == [0.0]  # rank 1's root shard: the padding
+
+
+def test_full_parameters_live_only_around_their_unit(runs):
+    layout, storage = runs[0]["fsdp_float32_layout"], runs[0]["storage"]
+    full = [4 * u.padded for u in layout]  # bytes of each gathered float32 vector
+    assert storage["in block 1"] == [0, full[1], full[2]]  # block 0 freed, root kept
+    assert storage["after forward"] == [0, 0, full[2]]  # the root waits for the backward
+    assert storage["after backward"] == [0, 0, 0]
 
 
 def test_uneven_units_train_like_one_process(runs):
