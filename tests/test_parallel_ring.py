@@ -13,8 +13,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.test_flash import derived_bounds  # entrywise first-order rounding bounds
 from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
 from tfbook.attention import attend
+from tfbook.masks import causal_mask
 from tfbook.parallel import ring
 from tfbook.parallel.ring import (
     RingWork,
@@ -143,6 +145,23 @@ def test_simulation_equals_one_process_reference(p, layout, causal):
     assert all(max_diff(a, b) <= TOL for a, b in zip(grads, ref_grads, strict=True))
     assert len(work) == p and all(len(w.forward) == len(w.backward) == p for w in work)
     assert all(w.forward == w.backward for w in work)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_simulation_in_float32_within_derived_rounding_bounds(p, layout, causal):
+    """float32: the ring and the reference kernel each round, in different orders; each entry
+    differs by at most the sum of both sides' first-order worst-case bounds (tests.test_flash)."""
+    q, k, v, g_out = (t.float() for t in inputs(2 * p * 4, 4, 2, seed=p))
+    ref_out, ref_grads = reference(q, k, v, g_out, causal)
+    out, grads, _ = simulated(q, k, v, g_out, p, causal, layout)
+    mask = causal_mask(q.size(-2), q.size(-2)) if causal else None
+    bounds, _ = derived_bounds(q, k, v, g_out, mask, torch.float32)
+    for name, a, b, bound in zip(("O", "dQ", "dK", "dV"), (out, *grads), (ref_out, *ref_grads),
+                                 bounds, strict=True):
+        err = (a - b).abs().double()
+        assert bool((err <= 2 * bound).all()), (name, float((err / bound).max()))
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
