@@ -31,6 +31,7 @@ p stages (= processes).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -155,15 +156,16 @@ def bubble_fraction(n_stages: int, n_micro: int) -> float:
     return (n_stages - 1) / (n_micro + n_stages - 1)
 
 
-def simulate(schedule: str, n_stages: int, n_micro: int, t_forward: float = 1.0,
-             t_backward: float = 2.0) -> list[dict[str, float]]:
+def simulate(schedule: str, n_stages: int, n_micro: int,
+             t_forward: float | Sequence[float] = 1.0,
+             t_backward: float | Sequence[float] = 2.0) -> list[dict[str, float]]:
     """Play the schedule with fixed op times and free communication; per stage: "busy",
-    "span" (first start to the end of the step) and "bubble" = 1 - busy / span."""
-    for name, value in (("t_forward", t_forward), ("t_backward", t_backward)):
-        if not is_number(value) or not 0 < value < float("inf"):
-            raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    "span" (time 0 to the end of the step) and "bubble" = 1 - busy / span. A time is one
+    number for every stage, or one per stage (measured ones, `PipelineStats.op_times`)."""
     p, m = n_stages, n_micro
-    orders = [schedule_order(schedule, s, p, m) for s in range(p)]
+    orders = [schedule_order(schedule, s, p, m) for s in range(p)]  # checks the arguments
+    times = {"F": _per_stage("t_forward", t_forward, p),
+             "B": _per_stage("t_backward", t_backward, p)}
     done: dict[tuple[int, str, int], float] = {}  # (stage, kind, micro) -> end time
     free = [0.0] * p  # when each stage finishes its last scheduled op
     nxt = [0] * p
@@ -180,15 +182,23 @@ def simulate(schedule: str, n_stages: int, n_micro: int, t_forward: float = 1.0,
                 ready = done[dep]
             else:
                 continue
-            start = max(free[s], ready)
-            free[s] = done[(s, kind, i)] = start + (t_forward if kind == "F" else t_backward)
+            free[s] = done[(s, kind, i)] = max(free[s], ready) + times[kind][s]
             nxt[s] += 1
             progressed = True
         if not progressed:  # cannot happen for the two schedules here
             raise RuntimeError(f"schedule {schedule!r} deadlocks")
     end = max(free)
-    busy = m * (t_forward + t_backward)
-    return [{"busy": busy, "span": end, "bubble": 1 - busy / end} for _ in range(p)]
+    busy = [m * (times["F"][s] + times["B"][s]) for s in range(p)]
+    return [{"busy": busy[s], "span": end, "bubble": 1 - busy[s] / end} for s in range(p)]
+
+
+def _per_stage(name: str, value: float | Sequence[float], n_stages: int) -> list[float]:
+    values = [value] * n_stages if is_number(value) else value
+    if (not isinstance(values, Sequence) or len(values) != n_stages
+            or not all(is_number(v) and 0 < v < float("inf") for v in values)):
+        raise ValueError(f"{name} must be a finite number > 0, or {n_stages} of them (one per "
+                         f"stage), got {value!r}")
+    return [float(v) for v in values]
 
 
 @dataclass
@@ -200,13 +210,20 @@ class PipelineStats:
     n_micro: int
     losses: list[float] = field(default_factory=list)  # each micro-batch's mean loss (last)
     ops: list[tuple[str, int, float, float]] = field(default_factory=list)  # kind, i, start, end
-    span: float = 0.0  # seconds from the common start (a barrier) to this stage's last op's end
+    span: float = 0.0  # seconds of the step: the common start (a barrier) to the last stage's end
     peak_activations: int = 0  # micro-batches whose activations were kept at once
 
     @property
     def busy(self) -> float:
         """Seconds spent computing (forwards and backwards, sends and receives excluded)."""
         return sum(end - start for _, _, start, end in self.ops)
+
+    @property
+    def op_times(self) -> tuple[float, float]:
+        """Mean seconds of one forward and of one backward on this stage."""
+        f = [end - start for kind, _, start, end in self.ops if kind == "F"]
+        b = [end - start for kind, _, start, end in self.ops if kind == "B"]
+        return sum(f) / len(f), sum(b) / len(b)
 
     @property
     def bubble(self) -> float:
@@ -220,9 +237,13 @@ def _check_group(what: str, group: dist.ProcessGroup | None) -> None:
                            "(torch.distributed.init_process_group) with one rank per stage")
 
 
-def check_pipeline(batch_size: int, n_micro: int, schedule: str = "gpipe") -> int:
-    """Rows per micro-batch, B / m; refuse an m that does not divide B (before any process
-    starts) and an unknown schedule."""
+def check_pipeline(batch_size: int, n_micro: int, schedule: str = "gpipe",
+                   n_stages: int = 1, n_layers: int | None = None) -> int:
+    """Rows per micro-batch, B / m; refuse (before any process starts) an m that does not
+    divide B, an unknown schedule, and more stages than the model has blocks."""
+    if n_layers is not None and (not is_int(n_stages) or not 1 <= n_stages <= n_layers):
+        raise ValueError(f"n_stages must be an int in [1, {n_layers}] (each stage holds at "
+                         f"least one of the model's {n_layers} blocks), got {n_stages!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     for name, value in (("batch_size", batch_size), ("n_micro", n_micro)):
@@ -298,7 +319,10 @@ def pipeline_step(stage: GPTStage, idx: Tensor, targets: Tensor, n_micro: int,
                                         group=group))
     for work in sends:
         work.wait()
-    stats.span = time.perf_counter() - t0
+    # the step ends when its last stage does: the latest end over the stages
+    span = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(span, op=dist.ReduceOp.MAX, group=group)
+    stats.span = float(span)
     return stats
 
 
