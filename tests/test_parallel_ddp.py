@@ -111,6 +111,8 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
                     continue
                 res[dtype, name] = train(dtype, lambda m, mb=mb: DDPOverlap(m, mb),
                                          rank, world_size)
+        res["no_overlap"] = train("float64", lambda m: DDPOverlap(m, 1e-4, overlap=False),
+                                  rank, world_size)
         # each rank builds another model: the broadcast makes rank 0's the start everywhere
         res["rank_seeds"] = train("float64", lambda m: DDPOverlap(m, 1e-4), rank, world_size,
                                   seed=SEED + rank)
@@ -193,6 +195,15 @@ def test_buckets_start_during_the_backward_pass_in_order(launch):
             g.numel() for g in run["grads"].values())
 
 
+def test_without_overlap_the_same_sums_after_the_backward_pass(launch):
+    for rank in launch:
+        run, overlapped = rank["no_overlap"], rank["float64", "tiny"]
+        assert max_diff(run["grads"], overlapped["grads"]) == 0
+        assert max_diff(run["weights"], overlapped["weights"]) == 0
+        assert not any(t["during_backward"] for t in run["timeline"])
+        assert all(t["started"] >= run["backward_seconds"] for t in run["timeline"])
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_equal_to_one_process_on_the_global_batch(launch, dtype):
     single = train(dtype, lambda m: m)
@@ -232,6 +243,8 @@ def test_bad_input_is_refused_before_any_group():
     for bad in (0, -1.0, float("inf"), float("nan"), "25", True):
         with pytest.raises(ValueError, match="bucket_size_mb must be"):
             DDPOverlap(nn.Linear(2, 2), bad)
+    with pytest.raises(TypeError, match="overlap must be"):
+        DDPOverlap(nn.Linear(2, 2), 1.0, overlap="yes")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         DDPOverlap(lambda x: x)
     with pytest.raises(RuntimeError, match="process group"):

@@ -108,20 +108,26 @@ def _output_tensors(value: Any) -> list[Tensor]:
 class DDPOverlap(nn.Module):
     """Wrap `module` as one data-parallel replica: rank 0's parameters and buffers broadcast
     at construction; gradients averaged across ranks bucket by bucket, each bucket's
-    all-reduce launched as soon as its gradients are ready. `forward` is the module's;
-    call `finish_gradient_synchronization()` after every backward pass, before the step."""
+    all-reduce launched as soon as its gradients are ready (with overlap=False: all of them
+    only once the backward pass is over, the same sums without the overlap). `forward` is the
+    module's; call `finish_gradient_synchronization()` after every backward pass, before the
+    optimizer step."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0) -> None:
+    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0,
+                 overlap: bool = True) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"DDPOverlap wraps a torch.nn.Module, got {type(module).__name__}")
         if not is_number(bucket_size_mb) or not 0 < bucket_size_mb < math.inf:
             raise ValueError("DDPOverlap: bucket_size_mb must be a finite number of megabytes "
                              f"> 0, got {bucket_size_mb!r}")
+        if not isinstance(overlap, bool):
+            raise TypeError(f"DDPOverlap: overlap must be True or False, got {overlap!r}")
         rank, world_size = require_process_group("DDPOverlap")
         super().__init__()
         self.module = module
         self.rank, self.world_size = rank, world_size
         self.bucket_size_mb = float(bucket_size_mb)
+        self.overlap = overlap  # False: every bucket waits for finish (to time the difference)
         self._check_same_shapes()
         with torch.no_grad():  # every replica starts from rank 0's weights
             for t in [*module.parameters(), *module.buffers()]:
@@ -178,7 +184,8 @@ class DDPOverlap(nn.Module):
                                "backward pass")
         self._received[b].add(id(param))
         self._pending[b] -= 1
-        while self._next < len(self.buckets) and self._pending[self._next] == 0:
+        while (self.overlap and self._next < len(self.buckets)
+               and self._pending[self._next] == 0):
             self._launch(self._next, during_backward=True)
 
     def _launch(self, b: int, during_backward: bool) -> None:
