@@ -15,22 +15,21 @@ Against FSDP2 the local computations are the same kernels on the same numbers: t
 bit for bit here (the tests allow 2^-40 in float64 and 3e-8 in float32).
 """
 
-import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.fsdp import FSDP
 from tfbook.train.data import random_windows
-from tfbook.train.distributed import free_port, shard_batch
+from tfbook.train.distributed import shard_batch
 from tfbook.train.loop import lm_loss
 
 MODEL = replace(GPTConfig.tiny(), d_model=32, max_len=16)
@@ -142,8 +141,8 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
                                           model.finish_gradient_synchronization)
             out[f"{name}_cpu"] = time.process_time() - started
             out[name] = model.full_state_dict()
-            out[f"{name}_shards"] = [(tuple(p.shape), p.dtype) for p in model.parameters()]
-            out[f"{name}_layout"] = model.layout
+            out[f"{name}_shards"] = [(tuple(p.shape), str(p.dtype)) for p in model.parameters()]
+            out[f"{name}_layout"] = [asdict(u) for u in model.layout]
             if name == "fsdp_float32":
                 out["storage"] = storage_during_a_step(model, rank, world_size)
                 with torch.no_grad():
@@ -168,7 +167,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         toy = FSDP(Toy().double())
         toy_train(toy, toy.parameters(), rank, world_size, toy.finish_gradient_synchronization)
         out["toy_fsdp"] = toy.full_state_dict()
-        out["toy_layout"] = toy.layout
+        out["toy_layout"] = [asdict(u) for u in toy.layout]
         out["toy_shards"] = [p.detach().clone() for p in toy.parameters()]
         # a backward pass alone (no explicit call) also leaves the averaged gradients
         toy.zero_grad()
@@ -185,29 +184,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("fsdp")
-    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    os.environ.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    try:
-        context = mp.spawn(_worker, args=(2, f"tcp://127.0.0.1:{free_port()}", str(out_dir)),
-                           nprocs=2, join=False)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while not context.join(timeout=1.0):  # raises if a child failed
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the 2 processes did not finish within {TIMEOUT} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5.0)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return spawn_scenarios(_worker, tmp_path_factory.mktemp("fsdp"))
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -217,24 +194,25 @@ def max_diff(a: dict, b: dict) -> float:
 
 def test_layout_units_and_padding(runs):
     layout = runs[0]["fsdp_float32_layout"]
-    assert [u.name for u in layout] == ["blocks.0", "blocks.1", ""]
+    assert [u["name"] for u in layout] == ["blocks.0", "blocks.1", ""]
     model = build(torch.float32)
-    assert sum(u.numel for u in layout) == sum(p.numel() for p in model.parameters())
-    assert "lm_head.weight" not in layout[-1].params  # the tied matrix once, as tok_emb.weight
+    assert sum(u["numel"] for u in layout) == sum(p.numel() for p in model.parameters())
+    assert "lm_head.weight" not in layout[-1]["params"]  # the tied matrix once: tok_emb.weight
     for u in layout:
-        assert u.padded % 2 == 0 and u.shard == u.padded // 2 and 0 <= u.padding < 2
+        assert u["padded"] % 2 == 0 and u["shard"] == u["padded"] // 2
+        assert 0 <= u["padded"] - u["numel"] < 2
     # the shards: one per unit, 1-D, float32 masters even when computing in bfloat16
     for name in ("fsdp_float32", "fsdp_bf16"):
-        assert runs[0][f"{name}_shards"] == [((u.shard,), torch.float32) for u in layout]
+        assert runs[0][f"{name}_shards"] == [((u["shard"],), "torch.float32") for u in layout]
     toy = runs[0]["toy_layout"]
-    assert [(u.name, u.numel, u.padded, u.padding) for u in toy] == [
-        ("layers.0", 20, 20, 0), ("layers.1", 6, 6, 0), ("", 1, 2, 1)]
+    assert [(u["name"], u["numel"], u["padded"], u["shard"]) for u in toy] == [
+        ("layers.0", 20, 20, 10), ("layers.1", 6, 6, 3), ("", 1, 2, 1)]
     assert runs[1]["toy_shards"][2].tolist() == [0.0]  # rank 1's root shard: the padding
 
 
 def test_full_parameters_live_only_around_their_unit(runs):
     layout, storage = runs[0]["fsdp_float32_layout"], runs[0]["storage"]
-    full = [4 * u.padded for u in layout]  # bytes of each gathered float32 vector
+    full = [4 * u["padded"] for u in layout]  # bytes of each gathered float32 vector
     assert storage["in block 1"] == [0, full[1], full[2]]  # block 0 freed, root kept
     assert storage["after forward"] == [0, 0, full[2]]  # the root waits for the backward
     assert storage["after backward"] == [0, 0, 0]
@@ -317,8 +295,8 @@ def test_bfloat16_compute_stays_near_float32(runs):
 
 
 def test_bad_input():
-    with pytest.raises(RuntimeError, match="FSDP must be used inside a torch.distributed "
-                                           "process group"):
+    with pytest.raises(RuntimeError, match="FSDP runs inside a process group, and this "
+                                           "process belongs to none"):
         FSDP(GPT(MODEL))
     with pytest.raises(ValueError, match="compute_dtype must be a floating dtype .*got "
                                          "torch.int32"):

@@ -48,6 +48,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from tfbook.parallel.ddp import require_process_group
+
 
 @dataclass(frozen=True)
 class UnitLayout:
@@ -76,10 +78,6 @@ class _Unit:
     full: Tensor  # (N,) the gathered parameters in the compute dtype; storage freed between
     regather: bool = False  # the backward pass must gather again before the unit's backward
     names_by_param: list[list[str]] = field(default_factory=list)  # state-dict names
-
-
-def _in_process_group() -> bool:
-    return dist.is_available() and dist.is_initialized()
 
 
 def _units(module: nn.Module) -> list[tuple[str, nn.Module, list[nn.Module]]]:
@@ -124,9 +122,7 @@ class FSDP(nn.Module):
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(f"FSDP: compute_dtype must be a floating dtype (e.g. "
                              f"torch.bfloat16), got {compute_dtype}")
-        if not _in_process_group():
-            raise RuntimeError("FSDP must be used inside a torch.distributed process group: "
-                               "call torch.distributed.init_process_group first")
+        rank, world_size = require_process_group("FSDP")
         params = list(module.parameters())
         if not params:
             raise ValueError(f"FSDP: {type(module).__name__} has no parameters to shard")
@@ -137,7 +133,7 @@ class FSDP(nn.Module):
         super().__init__()
         self.module = module
         self.compute_dtype = compute_dtype
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world_size = rank, world_size
         self._pending: list[tuple[dist.Work, Tensor, Tensor, _Unit]] = []
         self._callback_queued = False
 
