@@ -139,6 +139,7 @@ class DDPOverlap(nn.Module):
         self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in trainable]
         self.timeline: list[BucketTiming] = []  # the last synchronised step's buckets
+        self.backward_seconds = 0.0  # the last step: backward start -> finish was called
         self._reset()
 
     def _check_same_shapes(self) -> None:
