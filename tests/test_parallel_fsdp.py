@@ -173,10 +173,12 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         toy.zero_grad()
         toy(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
         out["toy_auto_grads"] = [p.grad is not None for p in toy.parameters()]
+        shared = Shared()
         try:
-            FSDP(Shared())
+            FSDP(shared)
         except ValueError as error:
             out["shared_error"] = str(error)
+        out["shared_untouched"] = len(list(shared.parameters())) == 3  # refused before changes
     finally:
         dist.destroy_process_group()
     torch.save(out, Path(out_dir) / f"rank{rank}.pt")
@@ -309,3 +311,4 @@ def test_bad_input():
 
 def test_a_parameter_shared_by_two_units_is_refused(runs):
     assert "is used by two units ('layers.0' and 'layers.1')" in runs[0]["shared_error"]
+    assert runs[0]["shared_untouched"]

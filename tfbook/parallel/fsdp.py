@@ -145,17 +145,14 @@ class FSDP(nn.Module):
                 if p is not None:
                     everywhere.setdefault(id(p), []).append(f"{prefix}.{attr}" if prefix
                                                             else attr)
-        for t in module.buffers():  # buffers are replicated: rank 0's everywhere
-            dist.broadcast(t.data, src=0)
-
+        # first every unit's parameters, checked, before any module is changed
         owner: dict[int, str] = {}
-        self._units: list[_Unit] = []
-        shards = []
+        plan = []
         for unit_name, unit_module, members in _units(module):
             unit_params, locations = [], []
             index: dict[int, int] = {}
             for m in members:
-                for attr, p in list(m._parameters.items()):
+                for attr, p in m._parameters.items():
                     if p is None:
                         continue
                     if id(p) in owner and owner[id(p)] != unit_name:
@@ -178,6 +175,13 @@ class FSDP(nn.Module):
             if len(dtypes) > 1 or not unit_params[0].dtype.is_floating_point:
                 raise ValueError(f"FSDP: the parameters of unit {unit_name or 'root'!r} must "
                                  f"share one floating dtype, got {sorted(map(str, dtypes))}")
+            plan.append((unit_name, unit_module, unit_params, locations))
+
+        for t in module.buffers():  # buffers are replicated: rank 0's everywhere
+            dist.broadcast(t.data, src=0)
+        self._units: list[_Unit] = []
+        shards = []
+        for unit_name, unit_module, unit_params, locations in plan:
             master_dtype = unit_params[0].dtype
             numels = [p.numel() for p in unit_params]
             n = sum(numels)
