@@ -16,11 +16,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
+from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.tensor import (
     CollectiveCount,
     check_tensor_parallel,
     shard_index,
     tensor_parallel_block,
+    tensor_parallel_model,
 )
 from tfbook.train.distributed import free_port
 
@@ -64,12 +66,43 @@ def _scenario(name: str, config: BlockConfig, rank: int) -> dict:
             "block_unchanged": sum(p.numel() for p in block.parameters()) == n_full}
 
 
+GPT_CONFIG = GPTConfig(max_len=8, vocab_size=64, n_layers=3, n_heads=4, d_model=16)
+
+
+def _model_scenario(rank: int) -> dict:
+    """The whole GPT (tied embedding, 3 blocks) with every block split."""
+    torch.manual_seed(1)
+    model = GPT(GPT_CONFIG).double()
+    idx = torch.randint(0, 64, (2, 8))
+    targets = torch.randint(0, 64, (2, 8))
+    out = model(idx, targets)
+    out.loss.backward()
+    shard = tensor_parallel_model(model)
+    with CollectiveCount() as count:
+        shard_out = shard(idx, targets)
+        forward_count = count.forward
+        shard_out.loss.backward()
+    full = {n: p.grad for n, p in model.named_parameters()}
+    grads = {}
+    for n, p in shard.named_parameters():
+        if n.startswith("blocks."):
+            _, i, rest = n.split(".", 2)
+            full_rest = rest.replace(".inner.", ".")
+            _, where = shard_index(model.blocks[int(i)], rank, 2)[full_rest]
+            grads[n] = (full[f"blocks.{i}.{full_rest}"][where], p.grad)
+        else:
+            grads[n] = (full[n], p.grad)
+    return {"logits": (out.logits.detach(), shard_out.logits.detach()), "grads": grads,
+            "forward": forward_count, "backward": count.backward}
+
+
 def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     try:
         results = {name: _scenario(name, c, rank) for name, c in CONFIGS.items()}
+        results["model"] = _model_scenario(rank)
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -104,6 +137,17 @@ def test_two_collectives_forward_two_backward(results: list[dict], name: str) ->
         assert (r["forward"], r["backward"]) == (2, 2)
         # every all-reduce carries one (B, T, C) activation or its gradient
         assert {shape for _, shape in r["shapes"]} == {(2, 7, CONFIGS[name].d_model)}
+
+
+def test_whole_gpt_split_equals_the_unsplit_gpt(results: list[dict]) -> None:
+    for rank in range(2):
+        r = results[rank]["model"]
+        assert _close(*r["logits"])
+        assert len(r["grads"]) == sum(1 for _ in GPT(GPT_CONFIG).parameters())
+        for name, (full, shard) in r["grads"].items():
+            assert _close(full, shard), (rank, name)
+        # two per block each way
+        assert (r["forward"], r["backward"]) == (2 * GPT_CONFIG.n_layers,) * 2
 
 
 def test_each_rank_holds_its_half_of_the_big_matrices(results: list[dict]) -> None:
@@ -155,6 +199,14 @@ def test_bad_input() -> None:
     with pytest.raises(ValueError, match="dropout 0"):
         tensor_parallel_block(SelfAttentionBlock(BlockConfig(d_model=16, n_heads=4, d_ff=32)),
                               rank=0, world_size=2)
+    with pytest.raises(ValueError, match="dropout 0"):
+        tensor_parallel_model(GPT(GPTConfig(max_len=8, vocab_size=64, n_layers=1, n_heads=4,
+                                        d_model=16, dropout=0.1)),
+            rank=0, world_size=2)
+    with pytest.raises(TypeError, match="nn.ModuleList `blocks`"):
+        tensor_parallel_model(torch.nn.Linear(2, 2), rank=0, world_size=2)
+    with pytest.raises(ValueError, match="n_heads=4 must be a multiple of world_size=3"):
+        tensor_parallel_model(GPT(GPT_CONFIG), rank=0, world_size=3)
     # a shard made with an explicit rank, run outside a process group: tfbook's error
     one = tensor_parallel_block(block, rank=0, world_size=1)
     with pytest.raises(RuntimeError, match="runs inside a process group"):

@@ -207,7 +207,8 @@ def tensor_parallel_block(block: SelfAttentionBlock, rank: int | None = None,
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
     attn, ff = block.attn, block.ff
     if not isinstance(attn, MultiHeadAttention):
-        _check_kind(kv_lora_rank=0, ffn="mlp", qk_norm=False, dropout=0.0)  # raises
+        raise ValueError("tensor parallelism here splits multi-head attention by heads; this "
+                         f"block's attention is a {type(attn).__name__}")
     if not isinstance(ff, FeedForward | SwiGLU):
         _check_kind(kv_lora_rank=None, ffn=type(ff).__name__, qk_norm=False, dropout=0.0)
     _check_split(attn.n_heads, attn.n_kv_heads, ff.fc_in.out_features, world_size)
@@ -237,6 +238,27 @@ def tensor_parallel_block(block: SelfAttentionBlock, rank: int | None = None,
     m.fc_out = _row_shard(ff.fc_out, cols, group)
     shard.ff = ParallelInput(m, group)
     return shard
+
+
+def tensor_parallel_model(model: nn.Module, rank: int | None = None,
+                          world_size: int | None = None,
+                          group: dist.ProcessGroup | None = None) -> nn.Module:
+    """A copy of a model whose every block (`model.blocks`, as in tfbook's GPT) is replaced by
+    rank r's shard (`tensor_parallel_block`); the embeddings, final norm and head stay whole
+    (replicated: each rank computes them, and gets their full gradient). Per forward pass
+    2 L all-reduces for L blocks, 2 L in the backward pass."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
+        raise TypeError("model must be an nn.Module with its blocks in an nn.ModuleList "
+                        f"`blocks` (tfbook's GPT), got {type(model).__name__}")
+    if getattr(model, "config", None) is not None and getattr(model.config, "dropout", 0):
+        raise ValueError("tensor parallelism here needs dropout 0: each rank would draw its "
+                         "own mask on the replicated residual stream; got dropout="
+                         f"{model.config.dropout}")
+    shards = [tensor_parallel_block(b, rank, world_size, group) for b in blocks]
+    out = copy.deepcopy(model)
+    out.blocks = nn.ModuleList(shards)
+    return out
 
 
 def _column_shard(linear: nn.Linear, rows: slice) -> nn.Linear:
