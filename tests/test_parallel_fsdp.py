@@ -30,7 +30,8 @@ from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.fsdp import FSDP
 from tfbook.train.data import random_windows
 from tfbook.train.distributed import shard_batch
-from tfbook.train.loop import lm_loss
+from tfbook.train.loop import TrainConfig, lm_loss
+from tfbook.train.loop import train as train_loop
 
 MODEL = replace(GPTConfig.tiny(), d_model=32, max_len=16)
 B, T, STEPS, LR, SEED = 4, 16, 3, 3e-3, 3
@@ -149,6 +150,17 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
                     out["fsdp_logits"] = model(PROBE).logits  # (2, T, V)
                 out["fsdp_all_ranks"] = model.full_state_dict(rank0_only=False)
 
+        # the book's one training loop, which knows nothing of FSDP: the backward pass
+        # finishes the gradient synchronisation by itself
+        model = FSDP(build(torch.float64))
+        config = TrainConfig(steps=STEPS, lr=LR, schedule="constant", clip=None, seed=SEED)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=config.betas,
+                                      weight_decay=config.weight_decay)
+        history = train_loop(
+            model, lambda gen: shard_batch(random_windows(IDS, B, T, gen), rank, world_size),
+            config, optimizer=optimizer, progress=False)
+        out["loop_float64"], out["loop_float64_losses"] = model.full_state_dict(), history.loss
+
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -225,6 +237,11 @@ def test_uneven_units_train_like_one_process(runs):
     assert max_diff(fsdp, single) <= 2.0 ** -40
     assert runs[1]["toy_fsdp"] == {}  # rank 0 only
     assert runs[0]["toy_auto_grads"] == runs[1]["toy_auto_grads"] == [True] * 3
+
+
+def test_the_books_training_loop_needs_no_explicit_finish(runs):
+    assert max_diff(runs[0]["loop_float64"], runs[0]["fsdp_float64"]) == 0.0
+    assert runs[0]["loop_float64_losses"] == runs[0]["fsdp_float64_losses"]
 
 
 def test_float64_equals_one_process(runs):

@@ -30,8 +30,10 @@ The optimiser is built over `FSDP.parameters()`, which yields the shards (1-D te
 decay applies to every number of a shard alike; torch's FSDP with flat parameters has the same
 limit). `finish_gradient_synchronization()` waits for the reductions still in flight and
 stores each shard's gradient; the backward pass also calls it at its end, so a plain training
-loop works too. `full_state_dict()` gathers the master weights into a state dict with the
-unsharded module's names, which `load_state_dict` of an unsharded model accepts.
+loop works too (tfbook.train.loop.train with clip=None: clipping by the global norm would need
+the squared norms of all ranks' shards summed, and the loop sees only this rank's).
+`full_state_dict()` gathers the master weights into a state dict with the unsharded module's
+names, which `load_state_dict` of an unsharded model accepts.
 
 Inside forward and backward the wrapped module's parameters are plain tensors (views of the
 gathered vector); outside them read the weights with `full_state_dict()`. Each unit runs
