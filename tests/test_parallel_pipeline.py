@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
 from tfbook.losses import cross_entropy
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.pipeline import (
@@ -32,7 +32,7 @@ from tfbook.parallel.pipeline import (
     simulate,
     sync_tied_gradients,
 )
-from tfbook.train.distributed import build_model, free_port
+from tfbook.train.distributed import build_model
 
 TOL = 2.0**-40
 B, T, M = 8, 8, 4  # batch rows, positions, micro-batches
@@ -79,10 +79,9 @@ def _scenarios(rank: int, config: GPTConfig, idx: torch.Tensor, targets: torch.T
     return out
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, world_size: int, init_method: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         g = torch.Generator().manual_seed(0)
         idx = torch.randint(0, TINY.vocab_size, (B, T), generator=g)
@@ -104,9 +103,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("pipeline")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=2)
-    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    return spawn_scenarios(_worker, tmp_path_factory.mktemp("pipeline"))
 
 
 def _reference_name(name: str, config: str) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.tensor import (
@@ -24,7 +24,6 @@ from tfbook.parallel.tensor import (
     tensor_parallel_block,
     tensor_parallel_model,
 )
-from tfbook.train.distributed import free_port
 
 TOL = 2.0**-40
 CONFIGS = {
@@ -96,10 +95,9 @@ def _model_scenario(rank: int) -> dict:
             "forward": forward_count, "backward": count.backward}
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, world_size: int, init_method: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         results = {name: _scenario(name, c, rank) for name, c in CONFIGS.items()}
         results["model"] = _model_scenario(rank)
@@ -110,9 +108,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tensor")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=2)
-    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    return spawn_scenarios(_worker, tmp_path_factory.mktemp("tensor"))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from tfbook.config import is_int, is_number
 from tfbook.losses import cross_entropy
 from tfbook.models.gpt import GPT
+from tfbook.parallel.ddp import require_process_group
 
 SCHEDULES = ("gpipe", "1f1b")
 
@@ -232,9 +233,8 @@ class PipelineStats:
 
 
 def _check_group(what: str, group: dist.ProcessGroup | None) -> None:
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{what} runs inside a process group "
-                           "(torch.distributed.init_process_group) with one rank per stage")
+    del group  # a sub-group exists only inside the default one
+    require_process_group(f"{what} (one rank per stage)")
 
 
 def check_pipeline(batch_size: int, n_micro: int, schedule: str = "gpipe",

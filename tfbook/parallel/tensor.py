@@ -38,6 +38,7 @@ from tfbook.attention import MultiHeadAttention
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.config import is_int
 from tfbook.feedforward import FeedForward, SwiGLU
+from tfbook.parallel.ddp import require_process_group
 
 
 @dataclass
@@ -61,9 +62,7 @@ _COUNTERS: list[CollectiveCount] = []
 
 def _all_reduce(t: Tensor, group: dist.ProcessGroup | None, direction: str) -> Tensor:
     """Sum t over the group's ranks (a new tensor; autograd's inputs are never changed)."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("a tensor-parallel shard runs inside a process group "
-                           "(torch.distributed.init_process_group) with its other ranks")
+    require_process_group("a tensor-parallel shard")
     t = t.contiguous().clone()
     dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     for counter in _COUNTERS:
@@ -195,11 +194,8 @@ def tensor_parallel_block(block: SelfAttentionBlock, rank: int | None = None,
     if not isinstance(block, SelfAttentionBlock):
         raise TypeError("block must be a tfbook.blocks.SelfAttentionBlock (BlockConfig builds "
                         f"one), got {type(block).__name__}")
-    if rank is None or world_size is None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("tensor_parallel_block runs inside a process group "
-                               "(torch.distributed.init_process_group), or give rank and "
-                               "world_size explicitly")
+    if rank is None or world_size is None:  # the group's (or give both explicitly)
+        require_process_group("tensor_parallel_block without rank and world_size")
         rank = dist.get_rank(group) if rank is None else rank
         world_size = dist.get_world_size(group) if world_size is None else world_size
     _check_world_size(world_size)
