@@ -1,4 +1,5 @@
-"""Pipeline parallelism of the book's GPT (Huang et al. 2019, GPipe; Narayanan et al. 2021, 1F1B).
+"""Pipeline parallelism of the book's GPT (Huang et al. 2019, GPipe; Narayanan et al. 2021,
+1F1B with a flush, "PipeDream-Flush").
 
 The model is cut into p consecutive stages, one per process: stage 0 holds the embeddings and
 the first blocks, the last stage the last blocks, the final norm, the head and the loss. A batch
@@ -212,7 +213,7 @@ class PipelineStats:
     losses: list[float] = field(default_factory=list)  # each micro-batch's mean loss (last)
     ops: list[tuple[str, int, float, float]] = field(default_factory=list)  # kind, i, start, end
     span: float = 0.0  # seconds of the step: the common start (a barrier) to the last stage's end
-    peak_activations: int = 0  # micro-batches whose activations were kept at once
+    peak_activations: int = 0  # most micro-batches whose activations were kept at once
 
     @property
     def busy(self) -> float:
@@ -281,8 +282,11 @@ def pipeline_step(stage: GPTStage, idx: Tensor, targets: Tensor, n_micro: int,
     prev, nxt = stage.stage - 1, stage.stage + 1
     inputs: dict[int, Tensor] = {}  # micro-batch -> the activation received (needs its grad)
     outputs: dict[int, Tensor] = {}  # micro-batch -> this stage's output (or loss)
-    stats = PipelineStats(stage.stage, schedule, n_micro, peak_activations=peak_activations(order))
-    sends: list[dist.Work] = []
+    stats = PipelineStats(stage.stage, schedule, n_micro)
+    # sends are isend: in 1F1B two neighbours can send to each other at the same moment
+    # (an activation one way, a gradient the other), and neither must wait for the other's
+    # receive; each is waited for at the end, and its tensor kept alive until then
+    sends: list[tuple[dist.Work, Tensor]] = []
     dist.barrier(group)
     t0 = time.perf_counter()
     for kind, i in order:
@@ -302,10 +306,11 @@ def pipeline_step(stage: GPTStage, idx: Tensor, targets: Tensor, n_micro: int,
                 stats.losses.append(float(loss.detach()))
                 y = loss / n_micro  # the mean over the whole batch, as one process
             outputs[i] = y
+            stats.peak_activations = max(stats.peak_activations, len(outputs))
             stats.ops.append(("F", i, start - t0, time.perf_counter() - t0))
             if not stage.last:
-                sends.append(dist.isend(y.detach().contiguous(), _global(nxt, group),
-                                        group=group))
+                message = y.detach().contiguous()  # (b, T, C)
+                sends.append((dist.isend(message, _global(nxt, group), group=group), message))
         else:
             grad = None
             if not stage.last:
@@ -315,9 +320,9 @@ def pipeline_step(stage: GPTStage, idx: Tensor, targets: Tensor, n_micro: int,
             outputs.pop(i).backward(grad)
             stats.ops.append(("B", i, start - t0, time.perf_counter() - t0))
             if not stage.first:
-                sends.append(dist.isend(inputs.pop(i).grad.contiguous(), _global(prev, group),
-                                        group=group))
-    for work in sends:
+                message = inputs.pop(i).grad.contiguous()  # (b, T, C): dL/d(input)
+                sends.append((dist.isend(message, _global(prev, group), group=group), message))
+    for work, _ in sends:
         work.wait()
     # the step ends when its last stage does: the latest end over the stages
     span = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
