@@ -118,6 +118,21 @@ def storage_during_a_step(model: FSDP, rank: int, world_size: int) -> dict[str, 
     return seen
 
 
+def accumulate(model: nn.Module, rank: int, world_size: int) -> dict:
+    """Two backward passes (two micro-batches), then one SGD step at lr 1: w <- w - sum of
+    the gradients. Every rank takes its rows; one process (world_size 1) halves its loss, as
+    averaging over 2 ranks does."""
+    params = model.parameters()
+    opt = torch.optim.SGD(params, lr=1.0)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        x = torch.randn(4, 3, generator=gen, dtype=torch.float64)  # (4, 3)
+        rows = x[rank * 4 // world_size:(rank + 1) * 4 // world_size]
+        (model(rows).pow(2).sum() * (0.5 if world_size == 1 else 1.0)).backward()
+    opt.step()
+    return model.full_state_dict() if isinstance(model, FSDP) else model.state_dict()
+
+
 def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     out: dict = {}
@@ -129,6 +144,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     toy = Toy().double()
     toy_train(toy, toy.parameters(), 0, 1)
     out["toy_single"] = {k: v.detach().clone() for k, v in toy.state_dict().items()}
+    out["accumulated_single"] = accumulate(Toy().double(), 0, 1)
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=TIMEOUT))
@@ -185,6 +201,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         toy.zero_grad()
         toy(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
         out["toy_auto_grads"] = [p.grad is not None for p in toy.parameters()]
+        out["accumulated_fsdp"] = accumulate(FSDP(Toy().double()), rank, world_size)
         shared = Shared()
         try:
             FSDP(shared)
@@ -237,6 +254,12 @@ def test_uneven_units_train_like_one_process(runs):
     assert max_diff(fsdp, single) <= 2.0 ** -40
     assert runs[1]["toy_fsdp"] == {}  # rank 0 only
     assert runs[0]["toy_auto_grads"] == runs[1]["toy_auto_grads"] == [True] * 3
+
+
+def test_gradients_accumulate_over_micro_batches(runs):
+    fsdp, single = runs[0]["accumulated_fsdp"], runs[0]["accumulated_single"]
+    assert max_diff(fsdp, single) <= 2.0 ** -40
+    assert max_diff(fsdp, Toy().double().state_dict()) > 0.01  # the step moved the weights
 
 
 def test_the_books_training_loop_needs_no_explicit_finish(runs):
