@@ -181,8 +181,11 @@ def test_bad_input() -> None:
                                           ffn="moe"), 2)
     with pytest.raises(ValueError, match="world_size must be an int >= 1"):
         check_tensor_parallel(CONFIGS["gpt"], 0)
-    with pytest.raises(TypeError, match="must be a BlockConfig"):
+    with pytest.raises(TypeError, match="must be a BlockConfig or a GPTConfig"):
         check_tensor_parallel({"n_heads": 4}, 2)
+    with pytest.raises(ValueError, match="n_heads=4 must be a multiple of world_size=3"):
+        check_tensor_parallel(GPT_CONFIG, 3)
+    check_tensor_parallel(GPT_CONFIG, 2)  # splits: nothing raised
     block = SelfAttentionBlock(CONFIGS["gpt"])
     with pytest.raises(ValueError, match="n_heads=4 must be a multiple of world_size=3"):
         tensor_parallel_block(block, rank=0, world_size=3)

@@ -38,6 +38,7 @@ from tfbook.attention import MultiHeadAttention
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.config import is_int
 from tfbook.feedforward import FeedForward, SwiGLU
+from tfbook.models.gpt import GPTConfig
 from tfbook.parallel.ddp import require_process_group
 
 
@@ -136,12 +137,15 @@ class ParallelInput(nn.Module):
         return self.inner(copy_to_parallel(x, self.group), *args, **kwargs)
 
 
-def check_tensor_parallel(config: BlockConfig, world_size: int) -> None:
+def check_tensor_parallel(config: BlockConfig | GPTConfig, world_size: int) -> None:
     """Refuse a block that p ranks cannot split evenly (before any process starts): H, H_kv and
     F must be multiples of p; dropout must be 0; the MLA, mixture-of-experts and QK-norm blocks
-    are not split here."""
+    are not split here. A GPTConfig is checked through its blocks' BlockConfig."""
+    if isinstance(config, GPTConfig):
+        config = config.block_config()
     if not isinstance(config, BlockConfig):
-        raise TypeError(f"config must be a BlockConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a BlockConfig or a GPTConfig, got "
+                        f"{type(config).__name__}")
     _check_world_size(world_size)
     n_kv = config.n_heads if config.n_kv_heads is None else config.n_kv_heads
     _check_split(n_heads=config.n_heads, n_kv_heads=n_kv, d_ff=config.d_ff,
