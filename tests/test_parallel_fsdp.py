@@ -282,8 +282,6 @@ KEY_BIASES = ("blocks.0.attn.k_proj.bias", "blocks.1.attn.k_proj.bias")
 def test_float32_equals_one_process(runs):
     fsdp, single = runs[0]["fsdp_float32"], runs[1]["single_float32"]
     reference, fsdp64 = runs[0]["single_float64"], runs[0]["fsdp_float64"]
-    # reordering the sums across ranks costs no more than float32 itself costs
-    assert max_diff(fsdp, reference) <= 2 * max_diff(single, reference)
     # The probe, 3e-8 from one process, holds for all but a few numbers. The key
     # biases are the exception: softmax ignores the shift q.b_k every key gets, so their
     # gradient is 0 in exact arithmetic and float32 gives them rounding noise, which AdamW
@@ -296,7 +294,8 @@ def test_float32_equals_one_process(runs):
     over = sum(int(((fsdp[k] - single[k]).abs() > 3e-8).sum()) for k in rest)
     total = sum(fsdp[k].numel() for k in rest)
     assert over <= total // 1000, (over, total)
-    # and the rest, too, is no further from float64 than one float32 process is
+    # reordering the sums across ranks costs no more than float32 itself costs: the rest is
+    # no further from float64 than one float32 process is (twice that allowed)
     rest_of = lambda state: {k: state[k] for k in rest}  # noqa: E731
     assert max_diff(rest_of(fsdp), rest_of(reference)) <= 2 * max_diff(rest_of(single),
                                                                         rest_of(reference))
