@@ -341,6 +341,12 @@ def test_bad_input():
         FSDP(GPT(MODEL), compute_dtype="bfloat16")
     with pytest.raises(TypeError, match="module must be a torch.nn.Module, got dict"):
         FSDP({})
+    with pytest.raises(ValueError, match="Identity has no parameters to shard"):
+        FSDP(nn.Identity())
+    frozen = Toy()
+    frozen.scale.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"these do not require grad: \['scale'\]"):
+        FSDP(frozen)
 
 
 def test_a_parameter_shared_by_two_units_is_refused(runs):

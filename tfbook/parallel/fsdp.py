@@ -124,14 +124,13 @@ class FSDP(nn.Module):
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(f"FSDP: compute_dtype must be a floating dtype (e.g. "
                              f"torch.bfloat16), got {compute_dtype}")
-        rank, world_size = require_process_group("FSDP")
-        params = list(module.parameters())
-        if not params:
+        if not list(module.parameters()):
             raise ValueError(f"FSDP: {type(module).__name__} has no parameters to shard")
         frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
         if frozen:
             raise ValueError(f"FSDP trains every parameter; these do not require grad: "
                              f"{frozen[:3]}")
+        rank, world_size = require_process_group("FSDP")
         super().__init__()
         self.module = module
         self.compute_dtype = compute_dtype
