@@ -43,7 +43,7 @@ Shape legend: p world size, n a unit's numbers, N = p ceil(n / p), s = N / p num
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,21 +65,20 @@ class UnitLayout:
 
     @property
     def padding(self) -> int:
-        """N - n zeros at the end of the flat vector (the last rank's shard holds them)."""
+        """N - n (< p) zeros at the end of the flat vector, in the last ranks' shards."""
         return self.padded - self.numel
 
 
 @dataclass
 class _Unit:
     layout: UnitLayout
-    module: nn.Module  # the unit's module (the wrapped module for the root)
     locations: list[list[tuple[nn.Module, str]]]  # per parameter: every (module, attribute)
     shapes: list[torch.Size]
     numels: list[int]
     shard: nn.Parameter  # (s,) master weights
     full: Tensor  # (N,) the gathered parameters in the compute dtype; storage freed between
+    names_by_param: list[list[str]]  # every state-dict name of each parameter
     regather: bool = False  # the backward pass must gather again before the unit's backward
-    names_by_param: list[list[str]] = field(default_factory=list)  # state-dict names
 
 
 def _units(module: nn.Module) -> list[tuple[str, nn.Module, list[nn.Module]]]:
@@ -195,9 +194,8 @@ class FSDP(nn.Module):
             full = torch.empty(padded, dtype=compute_dtype or master_dtype, requires_grad=True)
             layout = UnitLayout(unit_name, n, padded, s,
                                 tuple(names[id(p)] for p in unit_params))
-            unit = _Unit(layout, unit_module, locations, [p.shape for p in unit_params],
-                         numels, shard, full,
-                         names_by_param=[everywhere[id(p)] for p in unit_params])
+            unit = _Unit(layout, locations, [p.shape for p in unit_params], numels, shard, full,
+                         [everywhere[id(p)] for p in unit_params])
             self._free(unit)
             for place in locations:  # the modules hold plain tensors from now on
                 for m, attr in place:
