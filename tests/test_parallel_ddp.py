@@ -9,7 +9,6 @@ the rounding bound of a sum of B T terms, float64 weights after three AdamW step
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -17,38 +16,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tests.parallel_launch import spawn_scenarios
 from tfbook.models.gpt import GPTConfig
 from tfbook.parallel.ddp import DDPOverlap, plan_buckets
 from tfbook.train.data import random_windows
-from tfbook.train.distributed import build_model, free_port, shard_batch
+from tfbook.train.distributed import build_model, shard_batch
 
 MODEL = replace(GPTConfig.tiny(), d_model=32, max_len=16)
 B, T, STEPS, LR, SEED = 4, 16, 3, 3e-3, 3
 IDS = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(0))
 BUCKETS_MB = {"tiny": 1e-4, "small": 0.02, "one": 25.0}  # ~one parameter each .. one bucket
 EPS = {"float32": torch.finfo(torch.float32).eps, "float64": torch.finfo(torch.float64).eps}
-
-
-def spawn_scenarios(worker, out_dir: Path, world_size: int = 2) -> list[dict]:
-    """Run worker(rank, world_size, init_method, out_dir) in `world_size` spawned processes
-    (one thread each); each saves a dict to out_dir/rank<r>.pt, returned in rank order."""
-    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    os.environ.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    try:
-        mp.spawn(worker, args=(world_size, f"tcp://127.0.0.1:{free_port()}", str(out_dir)),
-                 nprocs=world_size, join=True)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world_size)]
 
 
 def loss_of(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
+from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.fsdp import FSDP
 from tfbook.train.data import random_windows

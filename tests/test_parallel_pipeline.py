@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
+from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
 from tfbook.losses import cross_entropy
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.pipeline import (

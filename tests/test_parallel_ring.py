@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
 from tests.test_flash import derived_bounds  # entrywise first-order rounding bounds
-from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
 from tfbook.attention import attend
 from tfbook.masks import causal_mask
 from tfbook.parallel import ring

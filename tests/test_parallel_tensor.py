@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.test_parallel_ddp import spawn_scenarios  # one launch, results per rank
+from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.tensor import (

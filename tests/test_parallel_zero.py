@@ -20,7 +20,8 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.test_parallel_ddp import loss_of, spawn_scenarios
+from tests.parallel_launch import spawn_scenarios
+from tests.test_parallel_ddp import loss_of
 from tfbook.models.gpt import GPTConfig
 from tfbook.parallel.ddp import DDPOverlap
 from tfbook.parallel.zero import ShardedOptimizer

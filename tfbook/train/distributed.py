@@ -35,6 +35,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -436,6 +437,23 @@ def train_single_process(
         torch.set_num_threads(before)
 
 
+@contextmanager
+def passive_single_thread_children() -> Iterator[None]:
+    """Within the block, processes started see OMP_WAIT_POLICY=PASSIVE and OMP_NUM_THREADS=1
+    (read when OpenMP starts: passive waiting, one thread each); then the environment is
+    restored."""
+    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    os.environ.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now (the OS picks it when we bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -515,17 +533,8 @@ def run_data_parallel(
         init_method = f"tcp://127.0.0.1:{free_port()}"
         args = (world_size, init_method, float(timeout), out_dir, model_config, train_config,
                 ids.clone(), batch_size, T, variants, snapshot_steps)
-        # children read these when OpenMP starts: passive waiting, one thread each
-        saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-        os.environ.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-        try:
+        with passive_single_thread_children():
             context = mp.spawn(_worker, args=args, nprocs=world_size, join=False)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         deadline = time.monotonic() + timeout
         try:
             while not context.join(timeout=1.0):  # raises if a child failed
