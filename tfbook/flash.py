@@ -168,8 +168,8 @@ def tile_map(T: int, S: int, block_q: int, block_k: int, causal: bool) -> list[l
              for j0 in range(0, S, block_k)] for i0 in range(0, T, block_q)]
 
 
-def _tile_scores(q_i: Tensor, k_j: Tensor, scale: float, i0: int, j0: int, T: int, S: int,
-                 status: str, mask: Tensor | None) -> Tensor:
+def tile_scores(q_i: Tensor, k_j: Tensor, scale: float, i0: int, j0: int, T: int, S: int,
+                status: str, mask: Tensor | None) -> Tensor:
     """One tile's scores, masked ones -inf: (N, H_kv, n_rep, bq, D), (N, H_kv, 1, bk, D) ->
     (N, H_kv, n_rep, bq, bk)."""
     s = (q_i @ k_j.transpose(-2, -1)) * scale  # (N, H_kv, n_rep, bq, bk): K_J broadcast
@@ -208,7 +208,7 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: 
             status = _tile_status(i0, i1, j0, j1, T, S, causal)
             if status == "skipped":
                 continue
-            s = _tile_scores(q_i, k[..., j0:j1, :], scale, i0, j0, T, S, status, mask)
+            s = tile_scores(q_i, k[..., j0:j1, :], scale, i0, j0, T, S, status, mask)
             m, denom, p, alpha = online_softmax_update(m, denom, s)  # p (..., bq, bk)
             acc = alpha[..., None] * acc + p @ v[..., j0:j1, :]  # (N, H_kv, n_rep, bq, Dv)
         seen = denom > 0  # False for a query whose keys are all masked out
@@ -247,7 +247,7 @@ def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tenso
             if status == "skipped":
                 continue
             q_i, do_i = q[..., i0:i1, :], grad_out[..., i0:i1, :]
-            s = _tile_scores(q_i, k_j, scale, i0, j0, T, S, status, mask)
+            s = tile_scores(q_i, k_j, scale, i0, j0, T, S, status, mask)
             p = torch.exp(s - lse[..., i0:i1, None])  # (..., bq, bk): the weights A_IJ again
             # the n_rep query heads of a group share K_J, V_J: their contributions add up
             grad_v[..., j0:j1, :] += (p.transpose(-2, -1) @ do_i).sum(dim=2, keepdim=True)

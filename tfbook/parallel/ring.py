@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tfbook.config import is_int
-from tfbook.flash import _tile_scores, flash_backward, online_softmax_update, tile_status
+from tfbook.flash import flash_backward, online_softmax_update, tile_scores, tile_status
 
 LAYOUTS = ("zigzag", "contiguous")  # how the sequence's chunks are dealt to the ranks
 _TAGS = {"k": 0, "v": 1, "dk": 2, "dv": 3}  # one message tag per tensor that travels
@@ -139,7 +139,7 @@ def _forward_step(q5: Tensor, state: list[list[Tensor]], k5: Tensor, v5: Tensor,
         m, denom, acc = state[a]
         q_a = q5[..., a * c:(a + 1) * c, :]  # (B, H_kv, n_rep, c, D)
         # the block's scores at the chunks' places in the whole sequence: masked ones -inf
-        s = _tile_scores(q_a, k5[..., b * c:(b + 1) * c, :], scale, mine[a] * c,
+        s = tile_scores(q_a, k5[..., b * c:(b + 1) * c, :], scale, mine[a] * c,
                          theirs[b] * c, n, n, status, None)  # (B, H_kv, n_rep, c, c)
         m, denom, p, alpha = online_softmax_update(m, denom, s)
         acc = alpha[..., None] * acc + p @ v5[..., b * c:(b + 1) * c, :]  # (..., c, Dv)
