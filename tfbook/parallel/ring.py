@@ -140,7 +140,7 @@ def _forward_step(q5: Tensor, state: list[list[Tensor]], k5: Tensor, v5: Tensor,
         q_a = q5[..., a * c:(a + 1) * c, :]  # (B, H_kv, n_rep, c, D)
         # the block's scores at the chunks' places in the whole sequence: masked ones -inf
         s = tile_scores(q_a, k5[..., b * c:(b + 1) * c, :], scale, mine[a] * c,
-                         theirs[b] * c, n, n, status, None)  # (B, H_kv, n_rep, c, c)
+                        theirs[b] * c, n, n, status, None)  # (B, H_kv, n_rep, c, c)
         m, denom, p, alpha = online_softmax_update(m, denom, s)
         acc = alpha[..., None] * acc + p @ v5[..., b * c:(b + 1) * c, :]  # (..., c, Dv)
         state[a] = [m, denom, acc]
