@@ -174,7 +174,7 @@ def test_special_tokens_are_the_tokenizers(tok):
     ([{"role": "user", "content": 3}], TypeError, "str 'role' and 'content'"),
     ([_m("tool", "x")], ValueError, "role 'tool'"),
     ([_m("user", "a"), _m("user", "b")], ValueError, "alternate"),
-    ([_m("assistant", "a")], ValueError, "user turn was expected"),
+    ([_m("assistant", "a")], ValueError, "a user turn was expected"),
     ([_m("user", "a"), _m("system", "b")], ValueError, "alternate"),
     ([SYSTEM, _m("assistant", "a")], ValueError, "alternate"),
     ([SYSTEM], ValueError, "no user turn"),

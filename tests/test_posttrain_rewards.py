@@ -64,6 +64,7 @@ def test_problems_bad_input(kwargs, words):
 @pytest.mark.parametrize("text, number", [
     ("12", 12), ("The answer is 12.", 12), ("7 + 5 = 12", 12), ("-3", -3),
     ("twelve", None), ("", None), ("12 or maybe 13", 13),
+    ("\u0663", None), ("12 \u0663", 12), ("\uff11\uff12", None),  # non-ASCII digits are not read
 ])
 def test_parse_answer_reads_the_last_integer(text, number):
     assert parse_answer(text) == number

@@ -61,8 +61,8 @@ SMOLLM2_TRAINING_TEMPLATE = (
 
 
 def _a(word: str) -> str:
-    """'a user', 'an assistant'."""
-    return ("an " if word[:1] in "aeiou" else "a ") + word
+    """'a user', 'an assistant' (by sound: 'user' opens with a consonant sound)."""
+    return ("an " if word[:1] in "aeio" else "a ") + word
 
 
 def check_conversation(messages: list[dict[str, str]]) -> None:

@@ -32,7 +32,7 @@ from torch import Tensor
 from tfbook.config import is_int
 
 INSTRUCTION = "Reply with the number only."
-_INTEGER = re.compile(r"-?\d+")
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits: "\d" would also read "٣" as 3
 
 
 class Problem(NamedTuple):
@@ -68,7 +68,8 @@ def addition_problems(max_operand: int = 9, held_out: int = 20, seed: int = 0
 
 
 def parse_answer(completion: str) -> int | None:
-    """The last integer in the completion, or None if it writes none ("12." -> 12)."""
+    """The last integer in the completion, written in ASCII digits, or None if it writes none
+    ("12." -> 12; "1,000" -> 0 and "1e5" -> 5: the last run of digits, nothing cleverer)."""
     if not isinstance(completion, str):
         raise TypeError(f"completion must be a str, got {type(completion).__name__}")
     numbers = _INTEGER.findall(completion)
