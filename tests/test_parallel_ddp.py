@@ -22,7 +22,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tests.parallel_launch import spawn_scenarios
 from tfbook.models.gpt import GPTConfig
-from tfbook.parallel.ddp import DDPOverlap, plan_buckets
+from tfbook.parallel.ddp import (
+    DDPOverlap,
+    NoProcessGroupError,
+    check_data_parallel,
+    plan_buckets,
+)
 from tfbook.train.data import random_windows
 from tfbook.train.distributed import build_model, shard_batch
 
@@ -222,12 +227,23 @@ def test_misuse_inside_a_group_is_refused(launch):
 
 def test_bad_input_is_refused_before_any_group():
     assert not dist.is_initialized()
-    for bad in (0, -1.0, float("inf"), float("nan"), "25", True):
-        with pytest.raises(ValueError, match="bucket_size_mb must be"):
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"bucket_size_mb must be a finite number of "
+                                             rf"megabytes > 0 .*got {bad!r}"):
             DDPOverlap(nn.Linear(2, 2), bad)
+    for bad in ("25", True):
+        with pytest.raises(TypeError, match=r"bucket_size_mb must be .*got (str|bool)"):
+            DDPOverlap(nn.Linear(2, 2), bad)
+    with pytest.raises(TypeError, match="bucket_size_mb must be"):
+        plan_buckets([nn.Parameter(torch.ones(1))], "1")
+    assert len(plan_buckets(list(nn.Linear(300, 300).parameters()), None)) == 1
+    assert check_data_parallel(8, 2) == 4
+    with pytest.raises(ValueError, match="batch_size must be a multiple of world_size"):
+        check_data_parallel(6, 4)
     with pytest.raises(TypeError, match="overlap must be"):
         DDPOverlap(nn.Linear(2, 2), 1.0, overlap="yes")
     with pytest.raises(TypeError, match="torch.nn.Module"):
         DDPOverlap(lambda x: x)
-    with pytest.raises(RuntimeError, match="process group"):
+    with pytest.raises(NoProcessGroupError, match="init_process_group"):
         DDPOverlap(nn.Linear(2, 2))
+    assert issubclass(NoProcessGroupError, RuntimeError)

@@ -79,6 +79,14 @@ class Toy(nn.Module):
         return self.scale * x
 
 
+class Odd(Toy):
+    """A unit of 9 numbers (odd: padded to 10), one of 4 and a root of 1 (rank 1: padding)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(3, 3, bias=False), nn.Linear(3, 1)])
+
+
 class Shared(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -145,6 +153,9 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     toy_train(toy, toy.parameters(), 0, 1)
     out["toy_single"] = {k: v.detach().clone() for k, v in toy.state_dict().items()}
     out["accumulated_single"] = accumulate(Toy().double(), 0, 1)
+    odd = Odd().double()
+    toy_train(odd, odd.parameters(), 0, 1)
+    out["odd_single"] = {k: v.detach().clone() for k, v in odd.state_dict().items()}
 
     dist.init_process_group("gloo", init_method=init_method, rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=TIMEOUT))
@@ -196,6 +207,11 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         toy_train(toy, toy.parameters(), rank, world_size, toy.finish_gradient_synchronization)
         out["toy_fsdp"] = toy.full_state_dict()
         out["toy_layout"] = [asdict(u) for u in toy.layout]
+        odd = FSDP(Odd().double())
+        toy_train(odd, odd.parameters(), rank, world_size, odd.finish_gradient_synchronization)
+        out["odd_fsdp"], out["odd_layout"] = odd.full_state_dict(), [asdict(u) for u in
+                                                                     odd.layout]
+        out["odd_shards"] = [p.detach().clone() for p in odd.parameters()]
         out["toy_shards"] = [p.detach().clone() for p in toy.parameters()]
         # a backward pass alone (no explicit call) also leaves the averaged gradients
         toy.zero_grad()
@@ -249,6 +265,14 @@ def test_uneven_units_train_like_one_process(runs):
     assert max_difference(fsdp, single) <= 2.0 ** -40
     assert runs[1]["toy_fsdp"] == {}  # rank 0 only
     assert runs[0]["toy_auto_grads"] == runs[1]["toy_auto_grads"] == [True] * 3
+
+
+def test_an_odd_unit_is_padded_and_trains_like_one_process(runs):
+    assert [(u["name"], u["numel"], u["padded"], u["shard"]) for u in runs[0]["odd_layout"]] == [
+        ("layers.0", 9, 10, 5), ("layers.1", 4, 4, 2), ("", 1, 2, 1)]
+    assert runs[1]["odd_shards"][0][-1] == 0.0  # the padding: the last number of rank 1's shard
+    assert runs[1]["odd_shards"][2].tolist() == [0.0]  # a whole shard of padding
+    assert max_difference(runs[0]["odd_fsdp"], runs[0]["odd_single"]) <= 2.0 ** -40
 
 
 def test_gradients_accumulate_over_micro_batches(runs):

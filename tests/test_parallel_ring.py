@@ -18,8 +18,10 @@ from tests.test_flash import derived_bounds  # entrywise first-order rounding bo
 from tfbook.attention import attend
 from tfbook.masks import causal_mask
 from tfbook.parallel import ring
+from tfbook.parallel.ddp import NoProcessGroupError
 from tfbook.parallel.ring import (
     RingWork,
+    check_ring,
     rank_chunks,
     ring_attention,
     shard_sequence,
@@ -271,7 +273,7 @@ def test_real_ring_code_on_p_threads_equals_simulation(monkeypatch, p, layout, c
 def test_not_in_a_process_group():
     q, k, v, _ = inputs(4, 2, 2)
     assert not dist.is_initialized()
-    with pytest.raises(RuntimeError, match="process group"):
+    with pytest.raises(NoProcessGroupError, match="process group.*init_process_group"):
         ring_attention(q, k, v)
 
 
@@ -301,3 +303,14 @@ def test_bad_input():
     with pytest.raises(ValueError, match="one shape"):
         unshard_sequence([q, k[..., :4, :]], "contiguous")
     assert ring.LAYOUTS == ("zigzag", "contiguous")
+    assert check_ring(8, 2, "zigzag") == 4 and check_ring(6, 3, "contiguous") == 2
+    for n, p, layout, chunks in ((6, 2, "zigzag", 4), (7, 2, "contiguous", 2),
+                                 (8, 3, "zigzag", 6)):
+        with pytest.raises(ValueError, match=rf"cuts the sequence into {chunks} equal chunks.*"
+                                             rf"multiple of {chunks}, got {n}"):
+            check_ring(n, p, layout)
+    for bad in (0, 4.0, True):
+        with pytest.raises(ValueError, match="n \\(the sequence length\\) must be an int"):
+            check_ring(bad, 2)
+    with pytest.raises(ValueError, match="world_size must be an int >= 1, got 0"):
+        check_ring(8, 0)

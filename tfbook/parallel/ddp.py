@@ -43,16 +43,45 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from tfbook.config import is_number
+from tfbook.train.distributed import check_shardable
+
+
+class NoProcessGroupError(RuntimeError):
+    """A tfbook.parallel wrapper or collective was used in a process that belongs to no
+    torch.distributed process group (the caller sets one up in every process first)."""
 
 
 def require_process_group(owner: str) -> tuple[int, int]:
-    """(rank, world size) of the default process group; a RuntimeError saying so if there is
-    none (the caller sets it up, e.g. dist.init_process_group("gloo", ...))."""
+    """(rank, world size) of the default process group; a NoProcessGroupError (a RuntimeError)
+    saying what to do if there is none."""
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{owner} runs inside a process group, and this process belongs to "
-                           "none: call torch.distributed.init_process_group (e.g. with the "
-                           "gloo backend) in every process first")
+        raise NoProcessGroupError(
+            f"{owner} runs inside a process group, and this process belongs to none: call "
+            "torch.distributed.init_process_group (e.g. backend='gloo', with rank, world_size "
+            "and an init_method) in every process first (torch.multiprocessing.spawn or "
+            "torchrun start them)")
     return dist.get_rank(), dist.get_world_size()
+
+
+def check_bucket_size(bucket_size_mb: object, owner: str = "DDPOverlap") -> float:
+    """The bucket cap in bytes (math.inf for None: one bucket of unbounded size); a TypeError
+    for a non-number (a bool, a string), a ValueError for <= 0, NaN or infinity."""
+    if bucket_size_mb is None:
+        return math.inf
+    if not is_number(bucket_size_mb):
+        raise TypeError(f"{owner}: bucket_size_mb must be a finite number of megabytes > 0 (or "
+                        f"None: one bucket of unbounded size), got "
+                        f"{type(bucket_size_mb).__name__} {bucket_size_mb!r:.40}")
+    if not 0 < bucket_size_mb < math.inf:
+        raise ValueError(f"{owner}: bucket_size_mb must be a finite number of megabytes > 0 (or "
+                         f"None: one bucket of unbounded size), got {bucket_size_mb!r}")
+    return float(bucket_size_mb) * 2**20
+
+
+def check_data_parallel(batch_size: int, world_size: int) -> int:
+    """Rows per rank, B / p, refusing (before any process starts) a world size that does not
+    divide the global batch: `tfbook.train.distributed.check_shardable`, under this name."""
+    return check_shardable(batch_size, world_size)
 
 
 @dataclass
@@ -68,14 +97,16 @@ class BucketTiming:
     during_backward: bool  # launched by a gradient hook (True) or only at finish (False)
 
 
-def plan_buckets(params: list[nn.Parameter], bucket_size_mb: float) -> list[list[nn.Parameter]]:
+def plan_buckets(params: list[nn.Parameter], bucket_size_mb: float | None
+                 ) -> list[list[nn.Parameter]]:
     """Group parameters into buckets: reverse registration order, a new bucket when adding the
     next parameter would pass bucket_size_mb megabytes (2^20 bytes) or change the dtype; a
-    parameter larger than the cap gets a bucket of its own.
+    parameter larger than the cap gets a bucket of its own. None: no cap (one bucket per
+    dtype).
 
     Three float32 tensors of 1, 2 and 3 MB, cap 3 MB: [[p3], [p2, p1]].
     """
-    cap = bucket_size_mb * 2**20
+    cap = check_bucket_size(bucket_size_mb, "plan_buckets")
     buckets: list[list[nn.Parameter]] = []
     size = 0
     for p in reversed(params):
@@ -111,22 +142,21 @@ class DDPOverlap(nn.Module):
     all-reduce launched as soon as its gradients are ready (with overlap=False: all of them
     only once the backward pass is over, the same sums without the overlap). `forward` is the
     module's; call `finish_gradient_synchronization()` after every backward pass, before the
-    optimizer step."""
+    optimizer step. bucket_size_mb=None puts every gradient in one bucket of unbounded size
+    (reduced once the last gradient is ready: no overlap, one collective)."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0,
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None = 25.0,
                  overlap: bool = True) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"DDPOverlap wraps a torch.nn.Module, got {type(module).__name__}")
-        if not is_number(bucket_size_mb) or not 0 < bucket_size_mb < math.inf:
-            raise ValueError("DDPOverlap: bucket_size_mb must be a finite number of megabytes "
-                             f"> 0, got {bucket_size_mb!r}")
+        check_bucket_size(bucket_size_mb)
         if not isinstance(overlap, bool):
             raise TypeError(f"DDPOverlap: overlap must be True or False, got {overlap!r}")
         rank, world_size = require_process_group("DDPOverlap")
         super().__init__()
         self.module = module
         self.rank, self.world_size = rank, world_size
-        self.bucket_size_mb = float(bucket_size_mb)
+        self.bucket_size_mb = None if bucket_size_mb is None else float(bucket_size_mb)
         self.overlap = overlap  # False: every bucket waits for finish (to time the difference)
         self._check_same_shapes()
         with torch.no_grad():  # every replica starts from rank 0's weights

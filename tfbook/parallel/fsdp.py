@@ -35,6 +35,24 @@ the squared norms of all ranks' shards summed, and the loop sees only this rank'
 `full_state_dict()` gathers the master weights into a state dict with the unsharded module's
 names, which `load_state_dict` of an unsharded model accepts.
 
+Mixed precision. With `compute_dtype` (e.g. torch.bfloat16 or torch.float16) each unit's flat
+vector is gathered in that dtype, so every weight of the unit is rounded to it for the forward
+and backward passes; the shards (master weights), the gradients' reduce-scatter and the
+optimiser stay in the parameters' dtype. This is what PyTorch's FSDP2 does with
+`fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32))`:
+its param_dtype applies to every parameter of the module it shards, norm gains included.
+A gain rounded to float16 moves each normalised activation by up to 2^-11 of itself, and it
+is updated through a float16 gradient: a recipe that casts only the matrices (Linear and
+Embedding weights) and keeps the norms in float32, as CS336's reference does, drifts away
+from it by about 1e-4 (that reference's tolerance) within three SGD steps.
+`full_precision=(RMSNorm,)` gives that recipe: the parameters of modules of those classes
+form a second flat group of their unit, gathered in the master dtype
+(`UnitLayout.full_precision`), the rest in compute_dtype. FSDP2 gets the same by calling
+fully_shard on each norm with its own policy (param_dtype=None); FSDP1's MixedPrecision keeps
+BatchNorm in full precision the same way (its `_module_classes_to_ignore`). The module's own
+forward must accept the mix (a norm computing in float32 and returning its input's dtype, as
+a Llama-style RMSNorm does).
+
 Inside forward and backward the wrapped module's parameters are plain tensors (views of the
 gathered vector); outside them read the weights with `full_state_dict()`. Each unit runs
 once per forward pass (as a GPT's blocks do). Use inside a process group the caller set up.
@@ -62,6 +80,7 @@ class UnitLayout:
     padded: int  # N = p ceil(n / p)
     shard: int  # s = N / p numbers each rank keeps
     params: tuple[str, ...]  # the parameters, flattened in this order (a tied matrix once)
+    full_precision: bool = False  # gathered in the master dtype (see FSDP's full_precision)
 
     @property
     def padding(self) -> int:
@@ -110,9 +129,14 @@ class FSDP(nn.Module):
     torch.bfloat16: the gathered weights, hence activations and gradients, are in that dtype,
     while each rank's shard (the master weights the optimiser updates) keeps the parameters'
     dtype and the gradients are reduced in it.
+
+    full_precision: module classes (e.g. `(RMSNorm,)`) whose parameters keep the master dtype
+    during compute when compute_dtype is given (see "Mixed precision" in the module
+    docstring); ignored without a compute_dtype.
     """
 
-    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None,
+                 full_precision: tuple[type[nn.Module], ...] = ()) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"FSDP: module must be a torch.nn.Module, got "
                             f"{type(module).__name__}")
@@ -123,6 +147,12 @@ class FSDP(nn.Module):
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(f"FSDP: compute_dtype must be a floating dtype (e.g. "
                              f"torch.bfloat16), got {compute_dtype}")
+        if isinstance(full_precision, type):
+            full_precision = (full_precision,)
+        if not (isinstance(full_precision, tuple | list) and all(
+                isinstance(c, type) and issubclass(c, nn.Module) for c in full_precision)):
+            raise TypeError("FSDP: full_precision must be a tuple of nn.Module classes (e.g. "
+                            f"(RMSNorm,)), got {full_precision!r:.60}")
         if not list(module.parameters()):
             raise ValueError(f"FSDP: {type(module).__name__} has no parameters to shard")
         frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
@@ -133,6 +163,7 @@ class FSDP(nn.Module):
         super().__init__()
         self.module = module
         self.compute_dtype = compute_dtype
+        self.full_precision = tuple(full_precision)
         self.rank, self.world_size = rank, world_size
         self._pending: list[tuple[dist.Work, Tensor, Tensor, _Unit]] = []
         self._callback_queued = False
@@ -175,13 +206,22 @@ class FSDP(nn.Module):
             if len(dtypes) > 1 or not unit_params[0].dtype.is_floating_point:
                 raise ValueError(f"FSDP: the parameters of unit {unit_name or 'root'!r} must "
                                  f"share one floating dtype, got {sorted(map(str, dtypes))}")
-            plan.append((unit_name, unit_module, unit_params, locations))
+            # with a compute dtype, the parameters of full_precision modules form a group of
+            # their own (its own flat vector, gathered in the master dtype)
+            kept = [any(isinstance(m, self.full_precision) for m, _ in place)
+                    for place in locations] if compute_dtype is not None else [False] * len(
+                        locations)
+            for keep in (False, True):
+                group = [i for i, k in enumerate(kept) if k == keep]
+                if group:
+                    plan.append((unit_name, unit_module, [unit_params[i] for i in group],
+                                 [locations[i] for i in group], keep))
 
         for t in module.buffers():  # buffers are replicated: rank 0's everywhere
             dist.broadcast(t.data, src=0)
         self._units: list[_Unit] = []
         shards = []
-        for unit_name, unit_module, unit_params, locations in plan:
+        for unit_name, unit_module, unit_params, locations, keep in plan:
             master_dtype = unit_params[0].dtype
             numels = [p.numel() for p in unit_params]
             n = sum(numels)
@@ -191,9 +231,10 @@ class FSDP(nn.Module):
             torch.cat([p.detach().reshape(-1) for p in unit_params], out=flat[:n])
             dist.broadcast(flat, src=0)  # every rank starts from rank 0's weights
             shard = nn.Parameter(flat[self.rank * s:(self.rank + 1) * s].clone())  # (s,)
-            full = torch.empty(padded, dtype=compute_dtype or master_dtype, requires_grad=True)
+            dtype = master_dtype if keep or compute_dtype is None else compute_dtype
+            full = torch.empty(padded, dtype=dtype, requires_grad=True)
             layout = UnitLayout(unit_name, n, padded, s,
-                                tuple(names[id(p)] for p in unit_params))
+                                tuple(names[id(p)] for p in unit_params), keep)
             unit = _Unit(layout, locations, [p.shape for p in unit_params], numels, shard, full,
                          [everywhere[id(p)] for p in unit_params])
             self._free(unit)
@@ -221,6 +262,11 @@ class FSDP(nn.Module):
     def root(self) -> _Unit:
         return self._units[-1]
 
+    @property
+    def _roots(self) -> list[_Unit]:
+        """The root unit's flat groups (two when some of its parameters keep full precision)."""
+        return [u for u in self._units if not u.layout.name]
+
     # ---- gathering and freeing -------------------------------------------------------
     @staticmethod
     def _free(unit: _Unit) -> None:
@@ -233,7 +279,7 @@ class FSDP(nn.Module):
         storage = full.untyped_storage()
         if storage.nbytes() == 0:
             storage.resize_(full.numel() * full.element_size())
-        dist.all_gather_into_tensor(full, unit.shard.detach().to(full.dtype))
+        dist.all_gather_single(full, unit.shard.detach().to(full.dtype))
         views = unit.full.split([*unit.numels, unit.layout.padding])
         for view, shape, place in zip(views, unit.shapes, unit.locations, strict=False):
             tensor = view.view(shape)
@@ -263,7 +309,7 @@ class FSDP(nn.Module):
         unit.full.grad = None
         self._free(unit)
         out = torch.empty_like(unit.shard, memory_format=torch.contiguous_format)  # (s,)
-        work = dist.reduce_scatter_tensor(out, grad, op=dist.ReduceOp.SUM, async_op=True)
+        work = dist.reduce_scatter_single(out, grad, op=dist.ReduceOp.SUM, async_op=True)
         self._pending.append((work, out, grad, unit))  # grad: kept alive until the wait
         if not self._callback_queued:  # finish when the whole backward pass is done
             self._callback_queued = True
@@ -286,12 +332,14 @@ class FSDP(nn.Module):
     # ---- forward and checkpoints ---------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped module's forward, with the root unit gathered around it."""
-        self._gather(self.root)
+        for unit in self._roots:
+            self._gather(unit)
         try:
             return self.module(*args, **kwargs)
         finally:
             if not torch.is_grad_enabled():
-                self._free(self.root)  # no backward pass will come to free it
+                for unit in self._roots:
+                    self._free(unit)  # no backward pass will come to free it
 
     def full_state_dict(self, rank0_only: bool = True) -> dict[str, Tensor]:
         """Every parameter (master dtype) under the unsharded module's names, buffers too:
@@ -300,7 +348,7 @@ class FSDP(nn.Module):
         state: dict[str, Tensor] = {}
         for unit in self._units:
             flat = torch.empty(unit.layout.padded, dtype=unit.shard.dtype)  # (N,)
-            dist.all_gather_into_tensor(flat, unit.shard.detach())
+            dist.all_gather_single(flat, unit.shard.detach())
             pieces = flat.split([*unit.numels, unit.layout.padding])
             for piece, shape, names in zip(pieces, unit.shapes, unit.names_by_param,
                                            strict=False):

@@ -46,6 +46,7 @@ from torch.autograd.function import once_differentiable
 
 from tfbook.config import is_int
 from tfbook.flash import flash_backward, online_softmax_update, tile_scores, tile_status
+from tfbook.parallel.ddp import NoProcessGroupError
 
 LAYOUTS = ("zigzag", "contiguous")  # how the sequence's chunks are dealt to the ranks
 _TAGS = {"k": 0, "v": 1, "dk": 2, "dv": 3}  # one message tag per tensor that travels
@@ -267,9 +268,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     `work`, if given, records the score blocks this rank computes at each step.
     """
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("ring_attention runs on every rank of a torch.distributed process "
-                           "group, and this process belongs to none (call "
-                           "dist.init_process_group first, or use simulate_ring_attention)")
+        raise NoProcessGroupError("ring_attention runs on every rank of a torch.distributed "
+                                  "process group, and this process belongs to none (call "
+                                  "dist.init_process_group in every process first, or use "
+                                  "simulate_ring_attention)")
     _check_inputs("ring_attention", q, k, v, causal, layout, work, RingWork)
     per_rank = len(rank_chunks(0, dist.get_world_size(), layout))
     if q.size(-2) % per_rank:
@@ -345,13 +347,23 @@ def simulate_ring_attention(q: Tensor, k: Tensor, v: Tensor, world_size: int,
         raise TypeError(f"work must be None or a list (to be filled with one RingWork per "
                         f"virtual rank), got {type(work).__name__}")
     _check_inputs("simulate_ring_attention", q, k, v, causal, layout, None, RingWork)
-    _chunk_length(q.size(-2), world_size, layout)
+    check_ring(q.size(-2), world_size, layout)
     if work is not None:
         work[:] = [RingWork() for _ in range(world_size)]
     return _SimulatedRing.apply(q, k, v, world_size, causal, layout, work)
 
 
 # ---- checks ----
+
+def check_ring(n: int, world_size: int, layout: str = "zigzag") -> int:
+    """Tokens per rank, t = n / p, refusing (before any process starts) a sequence length that
+    the layout cannot cut into equal chunks: 2p of them zig-zag, p contiguous."""
+    _check_world_size(world_size)
+    _check_layout(layout)
+    if not is_int(n) or n < 1:
+        raise ValueError(f"n (the sequence length) must be an int >= 1, got {n!r}")
+    return _chunk_length(n, world_size, layout) * len(rank_chunks(0, world_size, layout))
+
 
 def _check_world_size(world_size: object) -> None:
     if not is_int(world_size) or world_size < 1:
