@@ -9,6 +9,7 @@ parameter is stepped, the weights must agree bit for bit.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -110,6 +111,95 @@ def data_parallel(rank: int, world_size: int, ours: bool) -> torch.Tensor:
     return flat(model).clone()
 
 
+def run_steps(model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator,
+              steps: int) -> None:
+    """`steps` steps on whole global batches (the same on every rank: the gradients agree)."""
+    for _ in range(steps):
+        batch = random_windows(IDS, B, T, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss_of(model, batch).backward()
+        optimizer.step()
+
+
+def checkpoint(rank: int) -> dict:
+    """Two steps of ours and of torch's ZeRO, both consolidated on rank 0; then two more steps
+    of ours (`continued`), of an unsharded AdamW loaded from our state dict (`plain`) and of a
+    new ShardedOptimizer loaded from it on every rank (`sharded`), each from the weights and
+    the batch generator of the checkpoint."""
+    model, zero_model = build_model(MODEL, SEED, "float32"), build_model(MODEL, SEED, "float32")
+    ours = ShardedOptimizer(groups(model), torch.optim.AdamW, **ADAMW)
+    zero = ZeroRedundancyOptimizer(groups(zero_model), optimizer_class=torch.optim.AdamW,
+                                   **ADAMW)
+    generator, zero_generator = (torch.Generator().manual_seed(SEED) for _ in range(2))
+    run_steps(model, ours, generator, 2)
+    run_steps(zero_model, zero, zero_generator, 2)
+    ours.consolidate_state_dict(to=0)
+    zero.consolidate_state_dict(to=0)
+    out: dict = {}
+    if rank == 0:
+        out["ours_state"], out["zero_state"] = ours.state_dict(), zero.state_dict()
+    else:
+        try:
+            ours.state_dict()
+        except RuntimeError as error:
+            out["not_consolidated"] = str(error)
+    shipped = [out.get("ours_state")]
+    dist.broadcast_object_list(shipped, src=0)  # rank 0's checkpoint, everywhere
+    weights, generator_state = model.state_dict(), generator.get_state()
+    weights = {k: v.clone() for k, v in weights.items()}
+
+    run_steps(model, ours, generator, 2)
+    out["continued"] = flat(model).clone()
+    for kind in ("plain", "sharded"):
+        resumed = build_model(MODEL, SEED + 1, "float32")  # other weights, then the checkpoint's
+        resumed.load_state_dict(weights)
+        optimizer = (torch.optim.AdamW(groups(resumed), **ADAMW) if kind == "plain" else
+                     ShardedOptimizer(groups(resumed), torch.optim.AdamW, **ADAMW))
+        optimizer.load_state_dict(copy.deepcopy(shipped[0]))  # loading aliases the tensors
+        run_steps(resumed, optimizer, torch.Generator().set_state(generator_state), 2)
+        out[kind] = flat(resumed).clone()
+        if kind == "plain":
+            out["plain_state"] = optimizer.state_dict()
+    ours.consolidate_state_dict(to=0)
+    out["ours_state_after"] = ours.state_dict() if rank == 0 else None
+    return out
+
+
+class Uneven(nn.Module):
+    """Parameters whose sizes are not multiples of 2: 7, 5, 3, 1 and 1 numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.randn(7)), nn.Parameter(torch.randn(5))
+        self.c, self.d = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(1))
+        self.e = nn.Parameter(torch.randn(1))
+
+    def forward(self) -> torch.Tensor:
+        return sum((p * p).sum() * (i + 1) for i, p in enumerate(self.parameters()))
+
+
+def uneven() -> dict:
+    """Ours and an unsharded AdamW on Uneven and on one 1-number parameter, 3 steps each."""
+    out: dict = {}
+    for name, build in (("uneven", Uneven), ("single", lambda: nn.Linear(1, 1, bias=False))):
+        torch.manual_seed(SEED)
+        models = {"plain": build().double(), "ours": build().double()}
+        models["ours"].load_state_dict(models["plain"].state_dict())
+        opts = {"plain": torch.optim.AdamW(models["plain"].parameters(), **ADAMW),
+                "ours": ShardedOptimizer(models["ours"].parameters(), torch.optim.AdamW,
+                                         **ADAMW)}
+        for _ in range(3):
+            for kind, model in models.items():
+                opts[kind].zero_grad()
+                (model() if name == "uneven" else model(torch.ones(1, 1, dtype=torch.float64))
+                 ).sum().backward()
+                opts[kind].step()
+        out[name] = {kind: flat(m).clone() for kind, m in models.items()}
+        out[name]["shard_numel"] = list(opts["ours"].shard_numel)
+        out[name]["state_bytes"] = opts["ours"].state_bytes()
+    return out
+
+
 def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank,
@@ -121,6 +211,8 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         res["late_group"] = step_for_step("float64", late_group=True)
         res["ddp_ours"] = data_parallel(rank, world_size, ours=True)
         res["ddp_torch"] = data_parallel(rank, world_size, ours=False)
+        res["checkpoint"] = checkpoint(rank)
+        res["uneven"] = uneven()
         try:
             ShardedOptimizer(nn.Linear(2, 2).parameters(), ShardedOptimizer, lr=0.1)
         except TypeError as error:
@@ -183,3 +275,38 @@ def test_bad_input_is_refused(launch):
             ShardedOptimizer(params, bad, lr=0.1)
     with pytest.raises(RuntimeError, match="process group"):
         ShardedOptimizer(params, torch.optim.AdamW, lr=0.1)
+
+
+def test_checkpoint_is_torch_zeros_and_resumes_bit_for_bit(launch):
+    r0 = launch[0]["checkpoint"]
+    ours, zero = r0["ours_state"], r0["zero_state"]
+    # the consolidated state is the one torch's ZeroRedundancyOptimizer consolidates
+    assert ours["state"].keys() == zero["state"].keys()
+    for i, state in ours["state"].items():
+        assert state.keys() == zero["state"][i].keys()
+        assert all(torch.equal(v, zero["state"][i][k]) for k, v in state.items())
+    assert [g["params"] for g in ours["param_groups"]] == [
+        g["params"] for g in zero["param_groups"]]
+    assert [g["weight_decay"] for g in ours["param_groups"]] == [0.1, 0.0]
+    # an unsharded AdamW and a new ShardedOptimizer resume from it as if never stopped
+    for rank in launch:
+        run = rank["checkpoint"]
+        assert torch.equal(run["plain"], run["continued"])
+        assert torch.equal(run["sharded"], run["continued"])
+    after, plain = r0["ours_state_after"], r0["plain_state"]
+    for i, state in plain["state"].items():
+        assert all(torch.equal(v, after["state"][i][k]) for k, v in state.items())
+    assert "consolidate_state_dict" in launch[1]["checkpoint"]["not_consolidated"]
+
+
+def test_sizes_that_do_not_split_evenly(launch):
+    for rank in launch:
+        run = rank["uneven"]
+        for name in ("uneven", "single"):
+            assert torch.equal(run[name]["ours"], run[name]["plain"])
+        # largest first, each to the rank holding fewer numbers (ties: rank 0): 7 -> 0, 5 -> 1,
+        # 3 -> 1, 1 -> 0, 1 -> 0; the shares differ by at most the largest parameter
+        assert run["uneven"]["shard_numel"] == [7 + 1 + 1, 5 + 3]
+        assert run["single"]["shard_numel"] == [1, 0]  # one rank owns nothing
+    assert launch[1]["uneven"]["single"]["state_bytes"] == 0
+    assert launch[0]["uneven"]["single"]["state_bytes"] > 0

@@ -16,6 +16,11 @@ the same elementwise AdamW as unsharded, so the weights agree bit for bit.
 Use inside a process group the caller set up (gloo here):
 
     optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+
+Checkpoints, as torch's ZeroRedundancyOptimizer: `consolidate_state_dict(to=0)` on every rank
+gathers the shares on rank 0, where `state_dict()` is then the state dict of an unsharded
+`optimizer_cls` over the same parameter groups (indices counted across the groups);
+`load_state_dict` of such a dict, on every rank, keeps each rank's share.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from tfbook.config import is_int
 from tfbook.parallel.ddp import require_process_group
 
 
@@ -50,6 +56,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.shard_numel = [0] * self.world_size  # numbers each rank owns so far
         self.inner: torch.optim.Optimizer | None = None  # built with this rank's first share
         self._inner_groups: list[tuple[int, int]] = []  # (our group index, inner group index)
+        self._consolidated: dict[str, Any] | None = None  # the whole state, on rank `to`
         super().__init__(params, defaults=kwargs)  # calls add_param_group for each group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -112,9 +119,92 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return sum(t.numel() * t.element_size() for state in self.inner.state.values()
                    for t in state.values() if isinstance(t, Tensor))
 
+    # ---- checkpoints (as torch's ZeroRedundancyOptimizer: consolidate, then state_dict) ----
+    def _global_index(self) -> dict[int, int]:
+        """id(parameter) -> its index in an unsharded optimizer's state dict (the parameters
+        of every group in order, counted from 0 across the groups, as torch numbers them)."""
+        return {id(p): i for i, p in
+                enumerate(p for group in self.param_groups for p in group["params"])}
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather every rank's share of the optimizer state on rank `to` (a collective: call it
+        on every rank). Afterwards `state_dict()` on that rank returns the whole state, in the
+        format of an unsharded `optimizer_cls` over the same parameter groups."""
+        if not is_int(to) or not 0 <= to < self.world_size:
+            raise ValueError(f"ShardedOptimizer.consolidate_state_dict: to must be a rank, an "
+                             f"int in [0, {self.world_size}), got {to!r}")
+        index = self._global_index()
+        share: dict[str, Any] = {"state": {}, "groups": {}}
+        if self.inner is not None:
+            inner = self.inner.state_dict()  # indices local to the inner optimizer
+            params = [p for group in self.inner.param_groups for p in group["params"]]
+            # copies: the inner optimizer's own tensors change in place at the next step
+            share["state"] = {index[id(params[i])]: {k: v.clone() if isinstance(v, Tensor) else v
+                                                     for k, v in value.items()}
+                              for i, value in inner["state"].items()}
+            share["groups"] = {ours: {k: v for k, v in inner["param_groups"][theirs].items()
+                                      if k != "params"} for ours, theirs in self._inner_groups}
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == to else None
+        dist.gather_object(share, gathered, dst=to)
+        self._consolidated = None
+        if self.rank != to:
+            return
+        state: dict[int, Any] = {}
+        options: dict[int, dict[str, Any]] = {}
+        for piece in gathered:
+            state.update(piece["state"])
+            for g, value in piece["groups"].items():
+                options.setdefault(g, value)
+        groups, start = [], 0
+        for g, group in enumerate(self.param_groups):
+            mine = {k: v for k, v in group.items() if k != "params"}
+            n = len(group["params"])
+            groups.append({**mine, **options.get(g, {}), "params": list(range(start, start + n))})
+            start += n
+        self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
+
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError("ShardedOptimizer: each rank holds only its share of the "
-                                  "state; gathering a full state_dict is not written yet")
+        """The whole optimizer state, on the rank `consolidate_state_dict(to)` gathered it on
+        (an unsharded `optimizer_cls` over the same parameter groups loads it); a RuntimeError
+        elsewhere or before consolidating, as torch's ZeroRedundancyOptimizer."""
+        consolidated = getattr(self, "_consolidated", None)
+        if consolidated is None:
+            raise RuntimeError("ShardedOptimizer: each rank holds only its share of the state; "
+                               "call consolidate_state_dict(to) on every rank first, then "
+                               "state_dict() on rank `to` (after the last step)")
+        return {"state": {i: dict(v) for i, v in consolidated["state"].items()},
+                "param_groups": [dict(g) for g in consolidated["param_groups"]]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise NotImplementedError("ShardedOptimizer: loading a state_dict is not written yet")
+        """Load a whole state dict (from `state_dict()` here, or from an unsharded
+        `optimizer_cls` over the same parameter groups) on every rank: each keeps the state of
+        the parameters it owns, and every group's hyperparameters."""
+        if not (isinstance(state_dict, dict) and isinstance(state_dict.get("state"), dict)
+                and isinstance(state_dict.get("param_groups"), list)):
+            raise TypeError("ShardedOptimizer.load_state_dict expects a dict with 'state' (a "
+                            "dict) and 'param_groups' (a list), as Optimizer.state_dict() "
+                            f"gives, got {type(state_dict).__name__}")
+        saved = state_dict["param_groups"]
+        sizes = [len(g["params"]) for g in self.param_groups]
+        if [len(g.get("params", ())) for g in saved] != sizes:
+            raise ValueError(f"ShardedOptimizer.load_state_dict: the state dict's parameter "
+                             f"groups hold {[len(g.get('params', ())) for g in saved]} "
+                             f"parameters, this optimizer's {sizes}")
+        order = [i for group in saved for i in group["params"]]  # saved index of each parameter
+        for group, saved_group in zip(self.param_groups, saved, strict=True):
+            group.update({k: v for k, v in saved_group.items() if k != "params"})
+        self._consolidated = None
+        if self.inner is None:
+            return
+        index = self._global_index()
+        inner_state, inner_groups, i = {}, [], 0
+        for ours, theirs in self._inner_groups:
+            params = self.inner.param_groups[theirs]["params"]
+            options = {k: v for k, v in saved[ours].items() if k != "params"}
+            inner_groups.append({**options, "params": list(range(i, i + len(params)))})
+            for p in params:
+                saved_index = order[index[id(p)]]
+                if saved_index in state_dict["state"]:
+                    inner_state[i] = state_dict["state"][saved_index]
+                i += 1
+        self.inner.load_state_dict({"state": inner_state, "param_groups": inner_groups})
