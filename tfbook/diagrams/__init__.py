@@ -81,6 +81,13 @@ from tfbook.diagrams.learning import (
     training_loop,
 )
 from tfbook.diagrams.positions import rope_angles_drawn, rope_planes, rope_relative
+from tfbook.diagrams.sharding import (
+    bucket_timeline,
+    pipeline_schedules,
+    ring_zigzag,
+    sharding_memory,
+    tensor_split,
+)
 from tfbook.diagrams.svg import Canvas, Label, escape
 from tfbook.diagrams.text import (
     merge_tree,
@@ -103,4 +110,5 @@ __all__ = [
     "dataflow", "rope_relative",
     "hook_point_marks", "patching_setup",
     "mla_figure", "moe_figure", "qk_norm_figure", "rope_scaling_figure", "sliding_window_figure",
+    "bucket_timeline", "pipeline_schedules", "ring_zigzag", "sharding_memory", "tensor_split",
 ]
