@@ -229,7 +229,7 @@ def test_zero1_state_and_broadcasts_per_rank(launch):
         assert run["ZeRO-1"]["state"] == run["ZeRO-1"]["inner"] == rank.optimizer_state
         # the owner sends each of its parameters to the p - 1 others
         assert (P - 1) * run["ZeRO-1"]["owned"] == rank.wire["broadcast"]
-    assert sum(r["ZeRO-1"]["owned"] for r in launch) == rank.passed["broadcast"]
+    assert sum(r["ZeRO-1"]["owned"] for r in launch) == cost.ranks[0].passed["broadcast"]
     assert launch[0]["ZeRO-1"]["state"] != launch[1]["ZeRO-1"]["state"]  # whole parameters
 
 
@@ -364,6 +364,7 @@ def test_table_rows_and_reasons():
 @pytest.mark.parametrize("changes, match", [
     ({"world_size": 0}, "world_size must be an int >= 1"),
     ({"world_size": 2.0}, "world_size must be an int >= 1"),
+    ({"world_size": True}, "world_size must be an int >= 1"),
     ({"batch_size": "8"}, "batch_size must be an int >= 1"),
     ({"seq_len": 17}, "longer than the model's max_len"),
     ({"n_micro": 0}, "n_micro must be None or an int >= 1"),

@@ -155,7 +155,7 @@ class RankCost:
     gradients: int  # gradients held after the backward pass
     optimizer_state: int  # optimizer state (AdamW: m, v and the step counters)
     activations: int  # what autograd keeps for the backward pass, at its peak
-    gathered: int = 0  # FSDP: full units gathered during the step, at the peak (root + block)
+    gathered: int = 0  # FSDP: the root unit and one block, gathered whole during the step
     passed: dict[str, int] = field(default_factory=dict)  # bytes handed to each collective
     wire: dict[str, float] = field(default_factory=dict)  # bytes sent on the wire (a ring)
 
@@ -331,19 +331,16 @@ def _ddp_traffic(workload: Workload) -> tuple[int, float]:
     return n, ring_all_reduce_bytes(n, workload.world_size)
 
 
-def _gb(n: float) -> str:
-    return format_bytes(n)
-
-
 def one_process(workload: Workload) -> StrategyCost:
     """Everything on one rank (world_size is ignored)."""
     w, sh = workload, _shapes(workload.config)
     N, e = sum(sh.numels), w.element_size
     rank = RankCost(N * e, N * e, _state(w, N, len(sh.numels)),
                     activation_bytes(w, w.batch_size, w.seq_len, w.config.n_layers))
+    need = format_bytes(rank.memory)
     return StrategyCost("one process", 1, (rank,),
-                        f"when the {_gb(rank.memory)} of one step fit one device and one "
-                        "device finishes the run in time: no communication at all")
+                        f"when the {need} of a step fit one device and one device finishes the "
+                        "run in time: nothing to communicate")
 
 
 def ddp(workload: Workload) -> StrategyCost:
@@ -356,10 +353,11 @@ def ddp(workload: Workload) -> StrategyCost:
     rank = RankCost(N * e, N * e, _state(w, N, len(sh.numels)),
                     activation_bytes(w, b, w.seq_len, w.config.n_layers),
                     passed={"all_reduce": passed}, wire={"all_reduce": wire})
+    replica, grads = format_bytes(rank.memory), format_bytes(passed)
     return StrategyCost("DDP", p, (rank,) * p,
-                        f"when a whole replica ({_gb(rank.memory)}) fits a device and the "
-                        f"all-reduce of {_gb(passed)} of gradients per step hides behind the "
-                        "backward pass (compute per step >> wire time)")
+                        f"when a whole replica ({replica} a rank) fits a device and the "
+                        f"all-reduce of the {grads} of gradients hides behind the backward pass "
+                        "(its wire time < the step's compute)")
 
 
 def zero1(workload: Workload) -> StrategyCost:
@@ -381,9 +379,9 @@ def zero1(workload: Workload) -> StrategyCost:
     share = replica / (replica + 2 * N * e + act)
     return StrategyCost(
         "ZeRO-1", p, tuple(ranks),
-        f"when optimizer state dominates a replica's memory (here {share:.0%} of it): it "
-        f"saves {_gb(saved)} per rank for a broadcast of the {_gb(N * e)} of weights per step "
-        "on top of DDP's all-reduce",
+        f"when optimizer state is a large part of a replica (here {share:.0%}): it saves "
+        f"{format_bytes(saved)} a rank for a broadcast of the {format_bytes(N * e)} of "
+        "weights per step on top of DDP's all-reduce",
         note="shares are whole parameters, so the ranks' states differ slightly")
 
 
@@ -407,12 +405,13 @@ def fsdp(workload: Workload) -> StrategyCost:
               "reduce_scatter": (p - 1) * reduced * e / p})
     n = n_parameters(w.config)
     whole = n * e * (2 + w.optimizer_states)
+    kept = format_bytes(rank.weights + rank.gradients + rank.optimizer_state)
+    ratio = rank.wire_total / ring_all_reduce_bytes(n * e, p) if p > 1 else math.nan
     return StrategyCost(
         "FSDP", p, (rank,) * p,
-        f"when weights, gradients and state ({_gb(whole)}) do not fit a device: each rank "
-        f"keeps {_gb(rank.weights + rank.gradients + rank.optimizer_state)} plus the gathered "
-        f"units, for {rank.wire_total / ring_all_reduce_bytes(n * e, p):.2f}x DDP's wire "
-        "bytes" if p > 1 else "never on one rank (only overhead)",
+        f"when weights, gradients and state ({format_bytes(whole)}) do not fit a device: a "
+        f"rank keeps {kept} of them plus the {format_bytes(rank.gathered)} it gathers, for "
+        f"{ratio:.2f}x DDP's bytes on the wire" if p > 1 else "never on one rank (overhead)",
         note=f"padding: {sum(N - k for _, k, N in units)} numbers over {len(units)} units")
 
 
@@ -430,8 +429,10 @@ def tensor_parallel(workload: Workload) -> StrategyCost:
     return StrategyCost(
         "tensor", p, (rank,) * p,
         f"when one layer's matrices or activations are too big for a device and links are "
-        f"fast: {4 * c.n_layers} all-reduces of B T C per step ({_gb(n)}), each on the "
-        "critical path", note="inside one machine (NVLink), rarely past it")
+        f"fast: {4 * c.n_layers} all-reduces of B T C per step ({format_bytes(n)}), each one "
+        "waited for before the next layer can start",
+        note="the embeddings, norms and head are replicated; only the blocks' heads and hidden "
+             "units are split")
 
 
 def pipeline(workload: Workload) -> StrategyCost:
@@ -460,7 +461,7 @@ def pipeline(workload: Workload) -> StrategyCost:
     return StrategyCost(
         "pipeline", p, tuple(ranks),
         f"when the layers do not fit one device and m >> p: here m = {m}, p = {p}, a bubble of "
-        f"(p-1)/(m+p-1) = {bubble:.0%}; only {_gb(boundary)} of activations cross each "
+        f"(p-1)/(m+p-1) = {bubble:.0%}; only {format_bytes(boundary)} of activations cross each "
         "stage boundary per step, each way",
         note=f"{w.schedule}: stage s keeps {'m' if w.schedule == 'gpipe' else 'min(p-s, m)'} "
              "micro-batches' activations")
@@ -496,10 +497,12 @@ def ring(workload: Workload) -> StrategyCost:
                     activation_bytes(w, w.batch_size, w.seq_len // p, c.n_layers),
                     passed={"all_reduce": passed, "send": sends},
                     wire={"all_reduce": wire, "send": sends})
+    whole = activation_bytes(w, w.batch_size, w.seq_len, c.n_layers)
     return StrategyCost(
         "ring", p, (rank,) * p,
-        f"when T is long: activations of T/p = {w.seq_len // p} tokens per rank; the K/V "
-        f"blocks ({_gb(sends)} per step) travel while the blocks compute",
+        f"when T is long: a rank keeps the activations of T/p = {w.seq_len // p} tokens "
+        f"({format_bytes(rank.activations)} instead of {format_bytes(whole)}); the K/V blocks "
+        f"({format_bytes(sends)} per step) travel while each rank works on the one it holds",
         note="the ring of tfbook.parallel.ring is the attention; the rest of the model is "
              "per token (split by T/p without communication)")
 
