@@ -1,6 +1,6 @@
 """The sharding chapter's figures (tfbook.diagrams.sharding), each held against the code it is
 drawn from: the bucket bars are a DDPOverlap's timeline, the memory bars the bytes of
-training_bytes_per_process, the tensor-parallel shapes tensor_parallel_block's shards (and the
+tfbook.parallel.costs, the tensor-parallel shapes tensor_parallel_block's shards (and the
 marks f and g count the all-reduces CollectiveCount counts), the pipeline slots schedule_order's
 (idle share (p - 1)/(m + p - 1)) and the ring's blocks RingWork's; bad input refused; each fits
 a phone's column and the book's, its text legible and not overlapping.
@@ -179,69 +179,82 @@ def test_bucket_timeline_bad_input() -> None:
 
 # --- 2. memory per rank -----------------------------------------------------------------------
 
-STAGES = {"one process": (1, 0), "DDP": (4, 0), "ZeRO-1": (4, 1), "ZeRO-2": (4, 2),
-          "FSDP": (4, 3)}
+def test_memory_bars_are_the_costs_of_the_largest_rank() -> None:
+    """Each bar is tfbook.parallel.costs' largest rank under its strategy, part by part, its
+    total above it, and the bars' lengths are to one scale."""
+    from tfbook.models.llama import smollm2_135m
+    from tfbook.parallel import costs
 
-
-def test_memory_bars_are_training_bytes_per_process() -> None:
-    """Each bar's total is training_bytes_per_process at its ZeRO stage (one process: p = 1),
-    its parts add up to it, and the bars' lengths are to one scale."""
-    from tfbook.train.distributed import training_bytes_per_process
-
-    N = 124_000_000
-    d = sharding_memory(N, 4)
-    assert list(d.parts) == list(STAGES)
-    for name, (p, stage) in STAGES.items():
-        parts = d.parts[name]
-        assert parts == memory_parts(N, 4, name)
-        assert sum(parts.values()) == training_bytes_per_process(N, p, stage)
-        assert parts["optimizer"] == 12 * N / (p if stage >= 1 else 1)
-        assert parts["gradients"] == 2 * N / (p if stage >= 2 else 1)
-        assert parts["weights"] == 2 * N / (p if stage >= 3 else 1)
+    w = costs.Workload(smollm2_135m(), batch_size=8, seq_len=256, world_size=4)
+    d = sharding_memory(w)
+    assert list(d.parts) == ["one process", "DDP", "ZeRO-1", "FSDP"] and d.workload is w
+    for name, parts in d.parts.items():
+        rank = costs.FUNCTIONS[name](w).largest
+        assert parts == memory_parts(w, name) == {
+            "weights": rank.weights, "gathered": rank.gathered, "gradients": rank.gradients,
+            "optimizer": rank.optimizer_state}
     assert d.parts["DDP"] == d.parts["one process"]  # DDP replicates everything
+    assert d.parts["FSDP"]["weights"] < d.parts["DDP"]["weights"] / 3
     words = texts(d.svg)
     for name, parts in d.parts.items():
-        assert f"{name}: {sharding_figures._bytes_text(sum(parts.values()))}" in words
-        assert " · ".join(f"{k[0].upper()} {sharding_figures._bytes_text(v)}"
-                          for k, v in parts.items()) in words
-    # the bars: three segments each, lengths proportional to the bytes
-    segs = {part: rects_of(d.svg, COLOURS[kind])
-            for part, kind in sharding_figures.PART_KINDS.items()}
+        assert f"{name}: {costs.format_bytes(sum(parts.values()))}" in words
+    assert f"+ {costs.format_bytes(d.parts['FSDP']['gathered'])} gathered" in words
+    assert f"N = {costs.n_parameters(w.config):,} parameters, float32" in words
+    # the bars: segments whose lengths are proportional to the bytes
     totals = [sum(p.values()) for p in d.parts.values()]
-    lengths = [sum(segs[part][i][2] for part in segs) for i in range(len(totals))]
+    ys = sorted({r[1] for kind in ("embed", "ffn", "attn") for r in rects_of(d.svg,
+                                                                            COLOURS[kind])
+                 if r[2] > 12})
+    lengths = [sum(r[2] for kind in ("embed", "ffn", "attn")
+                   for r in rects_of(d.svg, COLOURS[kind]) if r[1] == y and r[2] > 12)
+               for y in ys]
+    gathered = d.parts["FSDP"]["gathered"] * lengths[0] / totals[0]
+    lengths[-1] += gathered  # FSDP's dashed segment has no tint
     for length, total in zip(lengths, totals, strict=True):
         assert abs(length / lengths[0] - total / totals[0]) < 0.01
 
 
-def test_memory_of_a_module_and_measured_bytes() -> None:
+def test_memory_of_a_config_a_model_measured_bytes_and_impossible_splits() -> None:
+    from tfbook.parallel import costs
+
+    config = GPTConfig.tiny()
     torch.manual_seed(0)
-    model = GPT(GPTConfig.tiny())  # tied embedding and head: counted once
-    n = sum(p.numel() for p in model.parameters())
-    d = sharding_memory(model, 2, ["DDP", "FSDP"])
-    assert d.parts["FSDP"] == memory_parts(n, 2, "FSDP")
-    assert f"N = {n:,} parameters" in texts(d.svg)
+    d = sharding_memory(GPT(config), 2, ["DDP", "FSDP"])
+    assert d.parts == sharding_memory(config, 2, ["DDP", "FSDP"]).parts
+    assert d.workload.dtype == "float32" and d.workload.world_size == 2
     measured = {"FSDP": {"weights": 1000, "gradients": 1000, "optimizer": 2000}}
-    d = sharding_memory(n, 2, ["DDP", "FSDP"], measured=measured)
-    assert d.parts["FSDP"] == {"weights": 1000.0, "gradients": 1000.0, "optimizer": 2000.0}
-    assert d.measured == ["FSDP"] and "FSDP: 3.91 KiB (measured)" in texts(d.svg)
+    d = sharding_memory(config, 2, ["DDP", "FSDP"], measured=measured)
+    assert d.parts["FSDP"] == {"weights": 1000.0, "gathered": 0.0, "gradients": 1000.0,
+                               "optimizer": 2000.0}
+    assert d.measured == ["FSDP"] and "FSDP: 4 kB (measured)" in texts(d.svg)
+    # 8 ranks cannot split 4 heads or 2 blocks: those rows say why
+    d = sharding_memory(config, 8, ["DDP", "tensor", "pipeline"], activations=True)
+    assert "n_heads=4 must be a multiple of world_size=8" in d.parts["tensor"]
+    assert "tensor: not possible here" in texts(d.svg)
+    w = d.workload
+    assert d.parts["DDP"]["activations"] == costs.ddp(w).largest.activations
 
 
 def test_memory_bad_input() -> None:
-    with pytest.raises(ValueError, match="n_params must be an int >= 1"):
-        sharding_memory(0, 4)
+    config = GPTConfig.tiny()
+    with pytest.raises(TypeError, match="Workload, a GPTConfig or a tfbook GPT"):
+        sharding_memory(1000, 4)
     with pytest.raises(ValueError, match="world_size must be an int from 2 to 1024"):
-        sharding_memory(1000, 1)
+        sharding_memory(config, 1)
     with pytest.raises(ValueError, match="strategies must be a list of distinct names"):
-        sharding_memory(1000, 4, ["DDP", "ZeRO-4"])
+        sharding_memory(config, 4, ["DDP", "ZeRO-2"])
     with pytest.raises(ValueError, match="strategies must be a list of distinct names"):
-        sharding_memory(1000, 4, ["<script>"])  # no free text reaches the drawing
+        sharding_memory(config, 4, ["<script>"])  # no free text reaches the drawing
     with pytest.raises(ValueError, match="measured must be a dict"):
-        sharding_memory(1000, 4, ["DDP"], measured={"FSDP": {}})
+        sharding_memory(config, 4, ["DDP"], measured={"FSDP": {}})
     with pytest.raises(ValueError, match=r"measured\['DDP'\] must be a dict of bytes"):
-        sharding_memory(1000, 4, ["DDP"], measured={"DDP": {"weights": -1, "gradients": 0,
-                                                            "optimizer": 0}})
+        sharding_memory(config, 4, ["DDP"], measured={"DDP": {"weights": -1, "gradients": 0,
+                                                              "optimizer": 0}})
+    with pytest.raises(ValueError, match="differs from the workload's"):
+        from tfbook.parallel.costs import Workload
+        sharding_memory(Workload(config, 4, 8, 2), 4)
     with pytest.raises(ValueError, match="strategy must be one of"):
-        memory_parts(1000, 4, "ZeRO-3")
+        memory_parts(None, "ZeRO-3")
 
 
 # --- 3. tensor parallelism --------------------------------------------------------------------
@@ -445,10 +458,12 @@ def drawings() -> dict[str, object]:
     on, back, off, back_off = synthetic_timeline()
     return {
         "buckets": bucket_timeline(on, back, off, back_off),
-        "memory": sharding_memory(124_000_000, 4),
-        "memory, measured": sharding_memory(
-            10**6, 2, ["DDP", "ZeRO-1"],
-            {"ZeRO-1": {"weights": 4e6, "gradients": 4e6, "optimizer": 4e6}}),
+        "memory": sharding_memory(GPTConfig.tiny(), 4),
+        "memory, measured, all": sharding_memory(
+            GPTConfig.tiny(), 2, ["one process", "DDP", "ZeRO-1", "FSDP", "tensor", "pipeline",
+                                  "ring"],
+            {"ZeRO-1": {"weights": 4e6, "gradients": 4e6, "optimizer": 4e6, "activations": 1e6}},
+            activations=True),
         "tensor": tensor_split(tp_block(), 2),
         "tensor, 6 heads": tensor_split(tp_block(n_heads=6, d_model=48, d_ff=192), 2),
         "pipeline": pipeline_schedules(4, 6),
@@ -521,7 +536,7 @@ def test_every_text_is_escaped_and_parses(drawn) -> None:
             assert not any(el.tag.endswith("script") for el in root.iter())
     hostile = {"<script>": {"weights": 1, "gradients": 1, "optimizer": 1}}
     with pytest.raises(ValueError, match="measured must be a dict"):
-        sharding_memory(1000, 2, ["DDP"], measured=hostile)
+        sharding_memory(GPTConfig.tiny(), 2, ["DDP"], measured=hostile)
 
 
 def test_docstring_examples() -> None:

@@ -216,108 +216,150 @@ def bucket_timeline(timeline: Sequence[object], backward_seconds: float,
     return d
 
 
-# --- 2. memory per rank: weights, gradients, optimizer state ---------------------------------
+# --- 2. memory per rank: weights, gradients, optimizer state --------------------------------
 
-PARTS = ("weights", "gradients", "optimizer")
-PART_KINDS = {"weights": "embed", "gradients": "ffn", "optimizer": "attn"}
-STRATEGIES = ("one process", "DDP", "ZeRO-1", "ZeRO-2", "FSDP")
-_STAGE = {"one process": 0, "DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "FSDP": 3}
+PARTS = ("weights", "gathered", "gradients", "optimizer", "activations")
+PART_KINDS = {"weights": "embed", "gathered": "plain", "gradients": "ffn", "optimizer": "attn",
+              "activations": "norm"}
+PART_NAMES = {"weights": "W: weights", "gathered": "units gathered (FSDP)",
+              "gradients": "G: gradients", "optimizer": "O: optimizer state",
+              "activations": "A: activations"}
+DEFAULT_STRATEGIES = ("one process", "DDP", "ZeRO-1", "FSDP")
 
 
-def memory_parts(n_params: int, world_size: int, strategy: str) -> dict[str, float]:
-    """Bytes per rank of weights, gradients and optimizer state under `strategy` (one of
-    STRATEGIES; "one process" ignores world_size), from
-    `tfbook.train.distributed.training_bytes_per_process` (mixed-precision Adam: 2 + 2 + 12
-    bytes a parameter; the optimizer part is its state_bytes, sharded from ZeRO-1 on)."""
-    from tfbook.train.distributed import training_bytes_per_process
+def _workload(model: object, world_size: int | None) -> object:
+    """A costs Workload: as given, or for a GPTConfig (or a GPT's) at `world_size` ranks, one
+    row a rank and 2p positions (the batch matters only to the activations)."""
+    from tfbook.models.gpt import GPTConfig
+    from tfbook.parallel.costs import Workload
+
+    if isinstance(model, Workload):
+        if world_size is not None and world_size != model.world_size:
+            raise ValueError(f"world_size ({world_size!r}) differs from the workload's "
+                             f"({model.world_size}): give one of them")
+        return model
+    config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
+    if not isinstance(config, GPTConfig):
+        raise TypeError("sharding_memory needs a tfbook.parallel.costs.Workload, a GPTConfig or "
+                        f"a tfbook GPT, got {type(model).__name__}")
+    if not is_int(world_size) or not 2 <= world_size <= 1024:
+        raise ValueError(f"world_size must be an int from 2 to 1024 (ranks), got {world_size!r}")
+    return Workload(config, batch_size=world_size, seq_len=min(2 * world_size, config.max_len),
+                    world_size=world_size)
+
+
+def memory_parts(workload: object, strategy: str, activations: bool = False
+                 ) -> dict[str, float] | str:
+    """Bytes of the largest rank under `strategy` (one of tfbook.parallel.costs.STRATEGIES)
+    from `tfbook.parallel.costs`: {"weights", "gathered", "gradients", "optimizer"} (and
+    "activations" if asked); the reason as a str when the workload cannot be split so."""
+    from tfbook.parallel.costs import FUNCTIONS, STRATEGIES
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    p = 1 if strategy == "one process" else world_size
-    stage = _STAGE[strategy]
-    total = training_bytes_per_process(n_params, p, stage)
-    no_state = training_bytes_per_process(n_params, p, stage, state_bytes=0)  # W + G
-    weights = 2 * n_params / (p if stage == 3 else 1)  # 16-bit weights, sharded by FSDP only
-    grads = no_state - weights
-    return {"weights": weights, "gradients": grads, "optimizer": total - no_state}
+    try:
+        rank = FUNCTIONS[strategy](workload).largest
+    except ValueError as error:
+        return str(error)
+    parts = {"weights": rank.weights, "gathered": rank.gathered, "gradients": rank.gradients,
+             "optimizer": rank.optimizer_state}
+    if activations:
+        parts["activations"] = rank.activations
+    return {k: float(v) for k, v in parts.items()}
 
 
-def _check_parts(value: object, where: str) -> dict[str, float]:
-    if not isinstance(value, Mapping) or set(value) != set(PARTS) or not all(
+def _check_parts(value: object, where: str, activations: bool) -> dict[str, float]:
+    need = {"weights", "gradients", "optimizer"} | ({"activations"} if activations else set())
+    allowed = need | {"gathered"}
+    if not isinstance(value, Mapping) or not need <= set(value) <= allowed or not all(
             is_number(v) and 0 <= v < math.inf for v in value.values()):
-        raise ValueError(f"{where} must be a dict of bytes {{'weights': ..., 'gradients': ..., "
-                         f"'optimizer': ...}} (finite numbers >= 0), got {value!r:.80}")
-    return {k: float(value[k]) for k in PARTS}
+        raise ValueError(f"{where} must be a dict of bytes with the keys {sorted(need)} (and "
+                         f"optionally 'gathered'), finite numbers >= 0, got {value!r:.80}")
+    return {k: float(value.get(k, 0)) for k in PARTS if k in allowed}
 
 
-def sharding_memory(n_params: int | nn.Module, world_size: int,
-                    strategies: Sequence[str] = STRATEGIES,
-                    measured: Mapping[str, Mapping[str, float]] | None = None) -> Diagram:
-    """Per-rank memory of weights, gradients and optimizer state for each of `strategies`
-    (from "one process", "DDP", "ZeRO-1", "ZeRO-2", "FSDP") at `world_size` ranks: one stacked
-    bar per strategy, drawn to one scale, its total at its end and its three parts under it.
+def sharding_memory(model: object, world_size: int | None = None,
+                    strategies: Sequence[str] = DEFAULT_STRATEGIES,
+                    measured: Mapping[str, Mapping[str, float]] | None = None,
+                    activations: bool = False) -> Diagram:
+    """The memory of one rank (the largest) under each of `strategies` (names of
+    tfbook.parallel.costs.STRATEGIES: "one process", "DDP", "ZeRO-1", "FSDP", "tensor",
+    "pipeline", "ring"): one stacked bar each, weights, FSDP's units gathered during the step
+    (dashed), gradients and optimizer state (and activations, if `activations`), all bars to
+    one scale, the total above each and its parts under it.
 
-    `n_params` is a parameter count or a module (its trainable parameters counted once, a
-    tied matrix once). The bytes are `memory_parts`' (the costs of tfbook.parallel);
-    `measured` ({strategy: {"weights", "gradients", "optimizer": bytes}}) replaces them for
-    the strategies it names, marked "measured". The Diagram carries `parts` ({strategy:
-    {part: bytes}}, what is drawn) and `measured` (the strategies drawn from measurements).
+    `model` is a `tfbook.parallel.costs.Workload` (its dtype, optimizer and world size), or a
+    GPTConfig or tfbook GPT drawn at `world_size` ranks in float32 with AdamW. The bytes are
+    `memory_parts`' (tfbook.parallel.costs); `measured` ({strategy: {"weights", "gradients",
+    "optimizer"[, "gathered", "activations"]: bytes}}) replaces them for the strategies it
+    names, marked "measured". A strategy the workload cannot use is named with the reason.
+    The Diagram carries `parts` ({strategy: {part: bytes} or the reason}), `measured` (the
+    strategies drawn from measurements) and `workload`.
     """
-    if isinstance(n_params, nn.Module):
-        n_params = sum(p.numel() for p in n_params.parameters() if p.requires_grad)
-    if not is_int(n_params) or n_params < 1:
-        raise ValueError(f"n_params must be an int >= 1 or a torch.nn.Module, got {n_params!r}")
-    if not is_int(world_size) or not 2 <= world_size <= 1024:
-        raise ValueError(f"world_size must be an int from 2 to 1024 (ranks), got {world_size!r}")
+    from tfbook.parallel.costs import STRATEGIES, format_bytes, n_parameters
+
+    w = _workload(model, world_size)
     if isinstance(strategies, str) or not isinstance(strategies, Sequence) or not strategies \
             or len(set(strategies)) != len(strategies) \
             or not all(s in STRATEGIES for s in strategies):
         raise ValueError(f"strategies must be a list of distinct names from {STRATEGIES}, got "
                          f"{strategies!r:.80}")
+    if not isinstance(activations, bool):
+        raise TypeError(f"activations must be True or False, got {activations!r}")
     measured = {} if measured is None else measured
     if not isinstance(measured, Mapping) or not set(measured) <= set(strategies):
         raise ValueError(f"measured must be a dict {{strategy: parts}} for strategies drawn "
                          f"({list(strategies)}), got {measured!r:.80}")
-    parts = {s: _check_parts(measured[s], f"measured[{s!r}]") if s in measured
-             else memory_parts(int(n_params), world_size, s) for s in strategies}
-    most = max(sum(v.values()) for v in parts.values())
+    parts = {s: _check_parts(measured[s], f"measured[{s!r}]", activations) if s in measured
+             else memory_parts(w, s, activations) for s in strategies}
+    drawn = {s: v for s, v in parts.items() if isinstance(v, dict)}
+    most = max([sum(v.values()) for v in drawn.values()] or [0.0])
     if most <= 0:
-        raise ValueError("nothing to draw: every strategy's bytes are 0")
-    c = Canvas(f"Memory per rank at {world_size} ranks")
-    y = heading(c, f"Training state per rank, p = {world_size}", 0, 0)
-    y = _lines(c, 0, y + 2, f"N = {n_params:,} parameters; one scale for every bar", key="n",
-               shape=(int(n_params),))
+        raise ValueError("nothing to draw: no strategy has bytes to draw")
+    p = w.world_size
+    c = Canvas(f"Memory per rank at {p} ranks")
+    y = heading(c, f"Training state per rank, p = {p}", 0, 0)
+    n = n_parameters(w.config)
+    y = _lines(c, 0, y + 2, f"N = {n:,} parameters, {w.dtype}; the largest rank; one scale "
+                            "for every bar", key="n", shape=(n,))
     y += 6
-    for s in strategies:
-        total = sum(parts[s].values())
-        c.text(0, y, f"{s}: {_bytes_text(total)}" + (" (measured)" if s in measured else ""),
+    for s, v in parts.items():
+        if isinstance(v, str):
+            y = _lines(c, 0, y, f"{s}: not possible here ({v})", key=f"total.{s}") + 6
+            continue
+        total = sum(v.values())
+        c.text(0, y, f"{s}: {format_bytes(total)}" + (" (measured)" if s in measured else ""),
                SMALL, bold=True, anchor="start", key=f"total.{s}", shape=(round(total),))
         x = 0.0
-        for part in PARTS:
-            w = PANEL * parts[s][part] / most
-            if w > 0:
-                c.box(x, y + 6, max(w, 1.0), 16, PART_KINDS[part], radius=1)
-            x += w
-        words = " · ".join(f"{part[0].upper()} {_bytes_text(parts[s][part])}" for part in PARTS)
+        for part, value in v.items():
+            width = PANEL * value / most
+            if width > 0:
+                c.box(x, y + 6, max(width, 1.0), 16, PART_KINDS[part], radius=1,
+                      dashed=part == "gathered")
+            x += width
+        words = " · ".join(f"{part[0].upper()} {format_bytes(value)}"
+                           for part, value in v.items() if part != "gathered")
+        if v.get("gathered"):
+            words += f" + {format_bytes(v['gathered'])} gathered"
         y = _lines(c, 0, y + 40, words, key=f"parts.{s}") + 10
     y += 4
     x = 0.0
-    for part in PARTS:  # the legend: a swatch of each part's colour and its name
-        name = {"weights": "W: weights", "gradients": "G: gradients",
-                "optimizer": "O: optimizer state"}[part]
+    shown = [k for k in PARTS if any(v.get(k) for v in drawn.values())]
+    for part in shown:  # the legend: a swatch of each part's colour and its name
+        name = PART_NAMES[part]
         if x > 0 and x + 16 + text_width(name, SMALL) > PANEL:
             x, y = 0.0, y + 20
-        c.box(x, y - 10, 12, 12, PART_KINDS[part], radius=1)
+        c.box(x, y - 10, 12, 12, PART_KINDS[part], radius=1, dashed=part == "gathered")
         c.text(x + 16, y, name, SMALL, anchor="start")
         x += 16 + text_width(name, SMALL) + 14
     y += 22
     if len(measured) < len(strategies):
-        _lines(c, 0, y, "computed: mixed-precision Adam, 2 + 2 + 12 bytes a parameter, the "
-                        "sharded parts divided by p (activations not counted)")
+        _lines(c, 0, y, f"computed (tfbook.parallel.costs): {w.optimizer_states} numbers of "
+                        "optimizer state a weight and its step counters"
+                        + ("" if activations else "; activations not counted"))
     d = Diagram(c)
-    d.parts, d.measured = parts, sorted(measured)
+    d.parts, d.measured, d.workload = parts, sorted(measured), w
     return d
-
 
 
 # --- 3. tensor parallelism: the real shards of one block, and the collectives f and g -------
