@@ -311,15 +311,17 @@ def test_memory_equals_the_zero_stages_of_the_parallelism_chapter():
                 2 * p * training_bytes_per_process(n, p, 3, 4) + 16 * padding, rel=1e-12)
 
 
-@pytest.mark.parametrize("config", [MODEL, tiny_llama()], ids=["gpt2", "llama"])
-def test_activations_are_what_autograd_keeps(config):
+@pytest.mark.parametrize("config, dtype", [(MODEL, "float32"), (MODEL, "float64"),
+                                           (tiny_llama(), "float32")],
+                         ids=["gpt2", "gpt2-float64", "llama"])
+def test_activations_are_what_autograd_keeps(config, dtype):
     torch.manual_seed(0)
-    model = GPT(config)
+    model = build_model(config, 0, dtype)
     x, y = torch.randint(0, config.vocab_size, (2, B, T))
     _, kept = saved_bytes(list(model.parameters()), lambda: F.cross_entropy(
         model(x).logits.flatten(0, 1), y.flatten()))
-    assert one_process(Workload(config, B, T, 1)).ranks[0].activations == kept
-    assert ddp(Workload(config, 2 * B, T, 2)).ranks[0].activations == kept  # B/p rows
+    assert one_process(Workload(config, B, T, 1, dtype=dtype)).ranks[0].activations == kept
+    assert ddp(Workload(config, 2 * B, T, 2, dtype=dtype)).ranks[0].activations == kept
 
 
 def test_tensor_parallel_shards_hold_what_the_formula_counts():

@@ -156,8 +156,10 @@ class RankCost:
     optimizer_state: int  # optimizer state (AdamW: m, v and the step counters)
     activations: int  # what autograd keeps for the backward pass, at its peak
     gathered: int = 0  # FSDP: the root unit and one block, gathered whole during the step
-    passed: dict[str, int] = field(default_factory=dict)  # bytes handed to each collective
-    wire: dict[str, float] = field(default_factory=dict)  # bytes sent on the wire (a ring)
+    # per collective kind (a key of KINDS, absent when 0): bytes handed to the calls, and
+    # bytes sent on the wire by a ring algorithm
+    passed: dict[str, int] = field(default_factory=dict)
+    wire: dict[str, float] = field(default_factory=dict)
 
     @property
     def memory(self) -> int:
@@ -204,7 +206,6 @@ class StrategyCost:
 class _Shapes:
     numels: tuple[int, ...]  # every parameter (model.parameters() order; tied once)
     block: int  # numbers in one block
-    block_tensors: int  # parameter tensors in one block
     root: int  # numbers outside the blocks (embeddings, final norm, head)
 
 
@@ -218,8 +219,7 @@ def _shapes(config: GPTConfig) -> _Shapes:
     model = _meta_model(config)
     numels = tuple(p.numel() for p in model.parameters())
     block = sum(p.numel() for p in model.blocks[0].parameters())
-    return _Shapes(numels, block, len(list(model.blocks[0].parameters())),
-                   sum(numels) - config.n_layers * block)
+    return _Shapes(numels, block, sum(numels) - config.n_layers * block)
 
 
 def n_parameters(config: GPTConfig) -> int:
@@ -312,8 +312,8 @@ def activation_bytes(workload: Workload, rows: int, seq_len: int, blocks: int,
         n += seq_len * c.head_size * e
     if first:  # the int64 token ids (and positions, for learned position embeddings)
         n += 8 * tokens + (8 * seq_len if c.position == "learned" else 0)
-    if last:  # final norm, log-probabilities; the int64 targets and the loss's 4-byte weight
-        n += tokens * (_norm_numbers(c) + c.vocab_size) * e + 8 * tokens + 4
+    if last:  # final norm, log-probabilities; the int64 targets and the loss's total weight
+        n += (tokens * (_norm_numbers(c) + c.vocab_size) + 1) * e + 8 * tokens
     return n
 
 
