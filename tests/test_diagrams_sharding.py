@@ -383,6 +383,24 @@ def test_pipeline_idle_slots_drawn_are_the_bubble() -> None:
             assert round(w / busy[0]) == 2 * (m + p - 1)  # slots of a stage's timeline
 
 
+def test_pipeline_with_measured_times_per_stage() -> None:
+    """Op times per stage (as a run measures them): the stages' idle shares are simulate's,
+    the slower stage idles least, and the formula is named as the equal-times case."""
+    from tfbook.parallel.pipeline import bubble_fraction, simulate
+
+    t_f, t_b = [0.010, 0.025], [0.020, 0.045]  # seconds: the last stage holds the head
+    d = pipeline_schedules(2, 4, t_f, t_b)
+    for schedule in ("gpipe", "1f1b"):
+        sim = [s["bubble"] for s in simulate(schedule, 2, 4, t_f, t_b)]
+        assert d.stage_bubble[schedule] == pytest.approx(sim)
+        assert d.stage_bubble[schedule][1] < bubble_fraction(2, 4) < d.stage_bubble[schedule][0]
+        for kind, _, start, stop in d.ops[schedule][1]:
+            assert stop - start == pytest.approx(t_f[1] if kind == "F" else t_b[1])
+    words = texts(d.svg)
+    assert "per stage " + ", ".join(f"{b:.0%}" for b in d.stage_bubble["gpipe"]) in words
+    assert f"(p − 1)/(m + p − 1) = {bubble_fraction(2, 4):.0%})" in words
+
+
 def test_pipeline_refuses_a_drawing_simulate_disagrees_with(monkeypatch) -> None:
     import tfbook.parallel.pipeline as pipeline
 
@@ -401,8 +419,10 @@ def test_pipeline_bad_input() -> None:
         pipeline_schedules(1, 4)
     with pytest.raises(ValueError, match="n_micro must be an int from 1 to 16"):
         pipeline_schedules(4, 0)
-    with pytest.raises(ValueError, match="t_backward must be a finite number"):
+    with pytest.raises(ValueError, match="t_backward must be a finite number > 0, or 4 of"):
         pipeline_schedules(4, 4, 1.0, -2.0)
+    with pytest.raises(ValueError, match="t_forward must be a finite number > 0, or 2 of"):
+        pipeline_schedules(2, 4, [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="n_stages must be an int"):
         pipeline_schedules(True, 4)
 

@@ -603,8 +603,8 @@ def _place(orders: list[list[tuple[str, int]]], t_f: list[float], t_b: list[floa
 
 def _schedule_canvas(name: str, placed: list[list[tuple[str, int, float, float]]],
                      span: float, peaks: list[int], width: float, numbers: bool,
-                     fraction: tuple[float, int, int, int]) -> Canvas:
-    title = f"{name}: p = {len(placed)} stages, m = {fraction[3]} micro-batches"
+                     words: str, m: int) -> Canvas:
+    title = f"{name}: p = {len(placed)} stages, m = {m} micro-batches"
     c = Canvas(title)
     y = heading(c, name, 0, 0)
     label_w = text_width("stage 0", SMALL) + 10
@@ -620,7 +620,7 @@ def _schedule_canvas(name: str, placed: list[list[tuple[str, int, float, float]]
         c.box(label_w, yr + 2, plot, row - 4, "mask", dashed=True, radius=1)  # idle unless
         for kind, i, start, stop in ops:  # an operation covers it
             x0, w = label_w + start * unit, (stop - start) * unit
-            c.box(x0 + 0.5, yr + 2, w - 1, row - 4, "attn" if kind == "F" else "head",
+            c.box(x0 + 0.5, yr + 2, max(w - 1, 0.5), row - 4, "attn" if kind == "F" else "head",
                   radius=2)
             if numbers and text_width(str(i), SMALL, mono=True) + 4 <= w:
                 c.text(x0 + w / 2, yr + 17, str(i), SMALL, mono=True,
@@ -629,26 +629,37 @@ def _schedule_canvas(name: str, placed: list[list[tuple[str, int, float, float]]
                key=f"{name}.peak.{s}", shape=(peaks[s],))
     y += len(placed) * row + 4
     c.arrow(label_w, y, label_w + plot, y, edge="time, not data")
-    bubble, p, idle_units, m = fraction
-    y = _lines(c, 0, y + 20, f"grey: idle, {idle_units:g} of {p * span:g} stage-time units = "
-                             f"(p − 1)/(m + p − 1) = {p - 1}/{m + p - 1} = {bubble:.3g}",
-               width, key=f"{name}.bubble")
+    _lines(c, 0, y + 20, words, width, key=f"{name}.bubble")
     return c
 
 
-def pipeline_schedules(n_stages: int = 4, n_micro: int = 6, t_forward: float = 1.0,
-                       t_backward: float = 2.0) -> Diagram:
+def _stage_times(name: str, value: object, p: int) -> list[float]:
+    """One time per stage: a number for all, or p of them (measured per stage)."""
+    values = [value] * p if is_number(value) else value
+    if isinstance(values, str) or not isinstance(values, Sequence) or len(values) != p \
+            or not all(is_number(v) and 0 < v < math.inf for v in values):
+        raise ValueError(f"{name} must be a finite number > 0, or {p} of them (one per stage), "
+                         f"got {value!r:.80}")
+    return [float(v) for v in values]
+
+
+def pipeline_schedules(n_stages: int = 4, n_micro: int = 6,
+                       t_forward: float | Sequence[float] = 1.0,
+                       t_backward: float | Sequence[float] = 2.0) -> Diagram:
     """GPipe above 1F1B on `n_stages` stages and `n_micro` micro-batches: each stage's
     operations in its `schedule_order` (blue: the forward of micro-batch i, red: its
-    backward), placed in time by their dependencies with forwards of `t_forward` and
-    backwards of `t_backward` time units; grey: the stage idle, the bubble. Beside each stage,
-    the most micro-batches whose activations it holds at once (`peak_activations`).
+    backward), placed in time by their dependencies (communication free) with forwards of
+    `t_forward` and backwards of `t_backward` (one time for every stage, or one per stage:
+    measured ones); grey: the stage idle, the bubble. Beside each stage, the most
+    micro-batches whose activations it holds at once (`peak_activations`).
 
-    The drawn span and each stage's busy time are checked against `simulate`'s, and the idle
-    share against `bubble_fraction` ((p - 1)/(m + p - 1)). Wide: slots numbered where the
-    number fits; on a phone the same timelines narrower, unnumbered. The Diagram carries
-    `bubble` ({schedule: idle share drawn}), `peak` ({schedule: [per stage]}) and `ops`
-    ({schedule: per stage [(kind, i, start, end)]}).
+    The drawn span and each stage's busy time are checked against `simulate`'s; with the same
+    times on every stage, the idle share against `bubble_fraction` ((p - 1)/(m + p - 1)), and
+    otherwise each stage's idle share is written beside the formula's. Wide: slots numbered
+    where the number fits; on a phone the same timelines narrower, unnumbered. The Diagram
+    carries `bubble` ({schedule: idle share of the whole drawing}), `stage_bubble`
+    ({schedule: [per stage]}), `peak` ({schedule: [per stage]}) and `ops` ({schedule: per
+    stage [(kind, i, start, end)]}).
     """
     from tfbook.parallel.pipeline import (
         SCHEDULES,
@@ -662,18 +673,18 @@ def pipeline_schedules(n_stages: int = 4, n_micro: int = 6, t_forward: float = 1
         if not is_int(value) or not low <= value <= high:
             raise ValueError(f"{what} must be an int from {low} to {high} (drawn), got "
                              f"{value!r}")
-    for what, value in (("t_forward", t_forward), ("t_backward", t_backward)):
-        if not is_number(value) or not 0 < value < math.inf:
-            raise ValueError(f"{what} must be a finite number of time units > 0, got {value!r}")
     p, m = n_stages, n_micro
+    t_f, t_b = _stage_times("t_forward", t_forward, p), _stage_times("t_backward", t_backward, p)
+    equal = len(set(t_f)) == 1 and len(set(t_b)) == 1
+    formula = bubble_fraction(p, m)
     names = {"gpipe": "GPipe", "1f1b": "1F1B"}
     results = {}
     for schedule in SCHEDULES:
         orders = [schedule_order(schedule, s, p, m) for s in range(p)]
-        placed = _place(orders, [float(t_forward)] * p, [float(t_backward)] * p)
+        placed = _place(orders, t_f, t_b)
         span = max(ops[-1][3] for ops in placed)
         busy = [sum(stop - start for _, _, start, stop in ops) for ops in placed]
-        sim = simulate(schedule, p, m, t_forward, t_backward)
+        sim = simulate(schedule, p, m, t_f, t_b)
         if any(not math.isclose(sim[s]["span"], span) or not math.isclose(sim[s]["busy"],
                                                                           busy[s])
                for s in range(p)):
@@ -681,17 +692,26 @@ def pipeline_schedules(n_stages: int = 4, n_micro: int = 6, t_forward: float = 1
                                f"disagree with simulate's {sim}")
         idle = p * span - sum(busy)
         share = idle / (p * span)
-        if not math.isclose(share, bubble_fraction(p, m)):
+        if equal and not math.isclose(share, formula):
             raise RuntimeError(f"{schedule}: {share} of the drawn time is idle, "
-                               f"(p - 1)/(m + p - 1) = {bubble_fraction(p, m)}")
-        results[schedule] = (placed, span, [peak_activations(o) for o in orders],
-                             (share, p, idle, m))
+                               f"(p - 1)/(m + p - 1) = {formula}")
+        per_stage = [1 - b / span for b in busy]
+        if equal:
+            words = (f"grey: idle, {idle:.3g} of {p * span:.3g} stage × time units (a forward "
+                     f"takes {t_f[0]:g}, a backward {t_b[0]:g}) = (p − 1)/(m + p − 1) = "
+                     f"{p - 1}/{m + p - 1} = {formula:.3g}")
+        else:
+            words = ("grey: idle, per stage " + ", ".join(f"{b:.0%}" for b in per_stage)
+                     + f" (with the same times everywhere: (p − 1)/(m + p − 1) = "
+                       f"{formula:.0%})")
+        results[schedule] = (placed, span, [peak_activations(o) for o in orders], words,
+                             share, per_stage)
     wide, narrow = [], []
-    for schedule, (placed, span, peaks, fraction) in results.items():
-        wide.append(_schedule_canvas(names[schedule], placed, span, peaks, 640.0, True,
-                                     fraction))
+    for schedule, (placed, span, peaks, words, _, _) in results.items():
+        wide.append(_schedule_canvas(names[schedule], placed, span, peaks, 640.0, True, words,
+                                     m))
         narrow.append(_schedule_canvas(names[schedule], placed, span, peaks, PANEL, False,
-                                       fraction))
+                                       words, m))
     for group in (wide, narrow):
         c = Canvas("Legend")
         x = 0.0
@@ -712,7 +732,8 @@ def pipeline_schedules(n_stages: int = 4, n_micro: int = 6, t_forward: float = 1
         stack.group(part, -part.x0, y - part.y0)
         y += part.height + 24
     d = Diagram(stack, narrow=narrow)
-    d.bubble = {k: v[3][0] for k, v in results.items()}
+    d.bubble = {k: v[4] for k, v in results.items()}
+    d.stage_bubble = {k: v[5] for k, v in results.items()}
     d.peak = {k: v[2] for k, v in results.items()}
     d.ops = {k: v[0] for k, v in results.items()}
     return d
