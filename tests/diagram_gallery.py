@@ -404,10 +404,40 @@ def _posttrain() -> list[Figure]:
             ("posttrain/preferences", "DPO pair", dpo)]
 
 
+def _sharding() -> list[Figure]:
+    from tests.test_diagrams_sharding import ddp_runs
+    from tfbook.diagrams.sharding import (
+        bucket_timeline,
+        pipeline_schedules,
+        ring_zigzag,
+        sharding_memory,
+        tensor_split,
+    )
+    from tfbook.models.gpt import GPT, GPTConfig
+
+    page = "learning/sharding"
+
+    def buckets() -> Diagram:  # a real DDPOverlap step (one rank) with and without overlap
+        runs = ddp_runs()
+        return bucket_timeline(*runs["on"], *runs["off"])
+
+    def memory() -> Diagram:
+        torch.manual_seed(0)
+        return sharding_memory(GPT(GPTConfig.tiny()), world_size=4)
+
+    def tensor() -> Diagram:
+        return tensor_split(replace(GPTConfig.tiny(), dropout=0.0), 2)
+
+    return [(page, "DDP buckets", buckets), (page, "memory per rank", memory),
+            (page, "tensor split", tensor),
+            (page, "pipeline schedules", lambda: pipeline_schedules(4, 6)),
+            (page, "ring zig-zag", lambda: ring_zigzag(4))]
+
+
 def figures() -> list[Figure]:
     """(page, name, a function drawing it) of every diagram, in the book's order."""
     return _intro() + _text() + _attention() + _architectures() + _generation() \
-        + _families() + _fast() + _learning() + _inside() + _posttrain()
+        + _families() + _fast() + _learning() + _sharding() + _inside() + _posttrain()
 
 
 def page(drawn: list[tuple[str, str, Diagram]]) -> str:

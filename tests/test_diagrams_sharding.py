@@ -513,10 +513,11 @@ def test_fits_a_phone_and_the_book_column_with_legible_text(drawn) -> None:
             assert min(sizes) >= SMALL, name
 
 
-def text_boxes(svg: str) -> list[tuple[str, float, float, float, float]]:
-    """(text, left, top, right, bottom) of every text of a drawing, as svg.py estimates its
-    width (generously), through the translations of its groups."""
-    out = []
+def measure(svg: str) -> tuple[list[tuple], list[tuple]]:
+    """The texts of a drawing as (text, left, top, right, bottom), their widths as svg.py
+    estimates them (generously), and its lines as segments ((x0, y0), (x1, y1)), through the
+    translations of its groups."""
+    boxes, segments = [], []
 
     def walk(el: ET.Element, dx: float, dy: float) -> None:
         move = re.match(r"translate\(([-\d.]+),([-\d.]+)\)", el.get("transform") or "")
@@ -528,25 +529,36 @@ def text_boxes(svg: str) -> list[tuple[str, float, float, float, float]]:
             mono = "m" in (el.get("class") or "").split()
             w = max(text_width(t, size, mono) for t in lines)
             left = {"start": x, "middle": x - w / 2, "end": x - w}[el.get("text-anchor")]
-            out.append((" ".join(lines), dx + left, dy + y - 0.8 * size, dx + left + w,
-                        dy + y + 0.2 * size + size * 1.25 * (len(lines) - 1)))
-            return
+            boxes.append((" ".join(lines), dx + left, dy + y - 0.8 * size, dx + left + w,
+                          dy + y + 0.2 * size + size * 1.25 * (len(lines) - 1)))
+        elif el.tag == f"{SVG}polyline":
+            pts = [tuple(float(v) for v in p.split(",")) for p in el.get("points").split()]
+            segments.extend(((a[0] + dx, a[1] + dy), (b[0] + dx, b[1] + dy))
+                            for a, b in zip(pts, pts[1:], strict=False))
         for child in el:
             walk(child, dx, dy)
 
     walk(ET.fromstring(svg), 0.0, 0.0)
-    return out
+    return boxes, segments
 
 
-def test_no_two_texts_overlap(drawn) -> None:
+def test_no_two_texts_overlap_and_no_line_crosses_a_text(drawn) -> None:
+    """Estimated in Python (text widths as generous as the layout's), so no browser starts;
+    the gallery's Chromium test checks the same figures for sideways scrolling."""
+    from tests.test_diagrams_inspect import crosses
+
     for name, d in drawn.items():
         for svg in [*panels(d), *d._narrow]:
-            boxes = text_boxes(svg)
+            boxes, segments = measure(svg)
             for i, a in enumerate(boxes):
                 for b in boxes[i + 1:]:
                     overlap = (min(a[3], b[3]) - max(a[1], b[1]) > 0.5
                                and min(a[4], b[4]) - max(a[2], b[2]) > 0.5)
                     assert not overlap, (name, a, b)
+            for text, left, top, right, bottom in boxes:
+                box = {"left": left, "top": top, "right": right, "bottom": bottom}
+                hit = [seg for seg in segments if crosses(seg, box)]
+                assert not hit, (name, text, hit[:2])
 
 
 def test_every_text_is_escaped_and_parses(drawn) -> None:
