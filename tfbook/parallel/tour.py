@@ -290,7 +290,7 @@ def _fsdp_grads(fsdp: FSDP) -> dict[str, Tensor]:
     out = {}
     for layout, shard in zip(fsdp.layout, fsdp.parameters(), strict=True):
         full = torch.empty(layout.padded, dtype=shard.dtype)
-        dist.all_gather_into_tensor(full, shard.grad.contiguous())
+        dist.all_gather_single(full, shard.grad.contiguous())
         out[layout.name or "root"] = full
     return out
 
@@ -410,7 +410,8 @@ def _tensor(config: TourConfig, rank: int) -> dict[str, Any]:
         grad_gap = max(grad_gap, float((p.grad[where] - params[shard_name].grad).abs().max()))
         shapes[name] = [list(p.shape), list(params[shard_name].shape)]
     out = {
-        "y_gap": float((y_full - y_shard).abs().max()), "y_max": float(y_full.abs().max()),
+        "y_gap": float((y_full - y_shard).detach().abs().max()),
+        "y_max": float(y_full.detach().abs().max()),
         "dx_gap": float((x_full.grad - x_shard.grad).abs().max()),
         "dx_max": float(x_full.grad.abs().max()),
         "grad_gap": grad_gap, "grad_max": max(float(p.grad.abs().max())
@@ -430,8 +431,8 @@ def _tensor(config: TourConfig, rank: int) -> dict[str, Any]:
         split_out = split(idx, idx)
         forward = count.forward
         split_out.loss.backward()
-    out["model"] = {"logits_gap": float((full_out.logits - split_out.logits).abs().max()),
-                    "logits_max": float(full_out.logits.abs().max()),
+    out["model"] = {"logits_gap": float((full_out.logits - split_out.logits).detach().abs().max()),
+                    "logits_max": float(full_out.logits.detach().abs().max()),
                     "forward": forward, "backward": count.backward}
     return out
 
@@ -521,12 +522,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
 
 def _ring(config: TourConfig, rank: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(config.seed + 2)
-    n, H, D = config.ring_length, config.model.n_heads, config.model.d_model // config.model.n_heads
+    n, H = config.ring_length, config.model.n_heads
+    D = config.model.d_model // H
     q, k, v, seed = (torch.randn(1, H, n, D, generator=g, dtype=torch.float64)
                      for _ in range(4))  # (1, H, n, D)
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
     ref = _attention(*whole, causal=True)
     ref_grads = torch.autograd.grad((ref * seed).sum(), whole)
+    ref = ref.detach()
     out: dict[str, Any] = {"n": n, "p": WORLD_SIZE, "out_max": float(ref.abs().max()),
                            "grad_max": max(float(t.abs().max()) for t in ref_grads)}
     for layout in ("zigzag", "contiguous"):
