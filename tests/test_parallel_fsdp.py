@@ -363,6 +363,8 @@ def test_bad_input():
         FSDP(GPT(MODEL), compute_dtype=torch.int32)
     with pytest.raises(TypeError, match="compute_dtype must be None or a torch floating dtype"):
         FSDP(GPT(MODEL), compute_dtype="bfloat16")
+    with pytest.raises(TypeError, match="full_precision must be a tuple of nn.Module classes"):
+        FSDP(GPT(MODEL), compute_dtype=torch.bfloat16, full_precision=("RMSNorm",))
     with pytest.raises(TypeError, match="module must be a torch.nn.Module, got dict"):
         FSDP({})
     with pytest.raises(ValueError, match="Identity has no parameters to shard"):

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.parallel_launch import spawn_scenarios
 from tests.test_parallel_ddp import loss_of
 from tfbook.models.gpt import GPTConfig
-from tfbook.parallel.ddp import DDPOverlap
+from tfbook.parallel.ddp import DDPOverlap, NoProcessGroupError
 from tfbook.parallel.zero import ShardedOptimizer
 from tfbook.train.data import random_windows
 from tfbook.train.distributed import build_model, shard_batch
@@ -273,8 +273,14 @@ def test_bad_input_is_refused(launch):
     for bad in (torch.optim.AdamW(params), "adamw", nn.Linear, None):
         with pytest.raises(TypeError, match="optimizer_cls must be a torch.optim.Optimizer"):
             ShardedOptimizer(params, bad, lr=0.1)
-    with pytest.raises(RuntimeError, match="process group"):
+    with pytest.raises(NoProcessGroupError, match="process group"):
         ShardedOptimizer(params, torch.optim.AdamW, lr=0.1)
+    with pytest.raises(ValueError, match=r"AdamW refused the keyword arguments \{'lr': -1\}"):
+        ShardedOptimizer(params, torch.optim.AdamW, lr=-1)
+    with pytest.raises(TypeError, match="AdamW refused the keyword arguments .*momentum"):
+        ShardedOptimizer(params, torch.optim.AdamW, momentum=0.9)
+    with pytest.raises(TypeError, match="params must be an iterable .*got a Linear"):
+        ShardedOptimizer(nn.Linear(2, 2), torch.optim.AdamW)
 
 
 def test_checkpoint_is_torch_zeros_and_resumes_bit_for_bit(launch):

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from tfbook.config import is_int
 from tfbook.parallel.ddp import require_process_group
@@ -50,6 +50,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise TypeError("ShardedOptimizer: optimizer_cls must be a torch.optim.Optimizer "
                             "class (e.g. torch.optim.AdamW, not an instance), got "
                             f"{optimizer_cls!r}")
+        if isinstance(params, nn.Module | Tensor):
+            raise TypeError("ShardedOptimizer: params must be an iterable of parameters or of "
+                            "parameter-group dicts (e.g. model.parameters()), got a "
+                            f"{type(params).__name__}")
+        try:  # refuse bad hyperparameters on every rank alike, before any collective
+            optimizer_cls([torch.zeros(1, requires_grad=True)], **kwargs)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"ShardedOptimizer: {optimizer_cls.__name__} refused the keyword "
+                              f"arguments {kwargs}: {error}") from error
         self.rank, self.world_size = require_process_group("ShardedOptimizer")
         self.optimizer_cls, self.inner_kwargs = optimizer_cls, dict(kwargs)
         self.owner: dict[int, int] = {}  # id(parameter) -> the rank that steps it
