@@ -3,7 +3,7 @@
     from tfbook.diagrams.sharding import (bucket_timeline, sharding_memory, tensor_split,
                                           pipeline_schedules, ring_zigzag)
     bucket_timeline(ddp.timeline, ddp.backward_seconds)    # DDPOverlap's buckets in time
-    sharding_memory(n_params, world_size=4)                # weights, gradients, Adam per rank
+    sharding_memory(model_config, world_size=4)            # weights, gradients, Adam per rank
     tensor_split(block, world_size=2)                      # the real shards and f, g
     pipeline_schedules(n_stages=4, n_micro=6)              # GPipe beside 1F1B, the bubble
     ring_zigzag(world_size=4)                              # which chunk pairs, at which step
@@ -241,7 +241,8 @@ def _workload(model: object, world_size: int | None) -> object:
     config = getattr(model, "config", None) if isinstance(model, nn.Module) else model
     if not isinstance(config, GPTConfig):
         raise TypeError("sharding_memory needs a tfbook.parallel.costs.Workload, a GPTConfig or "
-                        f"a tfbook GPT, got {type(model).__name__}")
+                        f"a tfbook GPT (the costs count the model's tensors, not only its "
+                        f"parameters), got {type(model).__name__}")
     if not is_int(world_size) or not 2 <= world_size <= 1024:
         raise ValueError(f"world_size must be an int from 2 to 1024 (ranks), got {world_size!r}")
     return Workload(config, batch_size=world_size, seq_len=min(2 * world_size, config.max_len),
@@ -557,8 +558,9 @@ def tensor_split(block: object, world_size: int = 2) -> Diagram:
                        "columns (torch's (out, in) weights)")
     m = _tensor_canvas("mlp", f"MLP column then row, p = {world_size}", mlp_cols, shape_x,
                        shape_x, ff.fc_out.bias is not None,
-                       "W_1: the rows of the rank's hidden units (the columns of x W_1); W_2: "
-                       "the matching columns; norms and biases replicated")
+                       "W_1" + (", W_gate" if "ff.inner.fc_gate.weight" in shapes[0] else "")
+                       + ": the rows of the rank's hidden units; W_2: the matching columns "
+                       "(torch's (out, in) weights); norms and biases replicated")
     for canvas in (a, m):
         canvas.check_wiring(rec.flow)
     marks = [(kind, name) for kind in ("attention", "mlp") for name in ("f", "g")]
