@@ -26,11 +26,12 @@ def drawn() -> dict[str, object]:
 def test_the_gallery_holds_every_diagram_of_the_book() -> None:
     """Parts I-VI's 27 diagrams (the speculative-decoding and Q4_1 figures are their chapters',
     drawn and tested there), the model families chapter's five (sliding window, QK-norm,
-    mixture of experts, latent attention, RoPE scaling), Part VII's two inside the model and
-    its two after pre-training (the assistant mask, DPO's pair of policies): 36, each with a
-    name of its own."""
+    mixture of experts, latent attention, RoPE scaling), the sharding chapter's five (DDP's
+    buckets on the backward pass, memory per rank, the tensor-parallel split, GPipe and 1F1B,
+    the ring's zig-zag), Part VII's two inside the model and its two after pre-training (the
+    assistant mask, DPO's pair of policies): 41, each with a name of its own."""
     names = [name for _, name, _ in FIGURES]
-    assert len(names) == len(set(names)) == 36
+    assert len(names) == len(set(names)) == 41
 
 
 @pytest.mark.parametrize("name", [name for _, name, _ in FIGURES])
