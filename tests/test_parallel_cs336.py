@@ -5,7 +5,8 @@ FSDP with and without a float16 compute dtype), on toy models of the same kinds 
 - `Frozen`: a frozen bias inside a sub-module and a frozen free-standing parameter;
 - `Tied`: two linear layers sharing one weight;
 - `Flat`: Embedding, RMSNorm and bias-free Linear layers with no nn.ModuleList (so FSDP has one
-  unit, the root), whose norm computes in float32 and returns its input's dtype.
+  unit, the root), whose norm computes in float32 and returns its input's dtype; once more
+  with a bias in the head (x W^T + b written out, as CS336's own Linear computes).
 
 Every module's forward returns a plain tensor; the loss is computed outside the wrapper.
 One launch of 2 gloo processes (one thread each) runs every scenario with
@@ -18,9 +19,10 @@ half of a batch of 20 equal to one process on all 20 (within torch.allclose's de
 frozen parameters untouched; the sharded optimizer equal to the unsharded one (AdamW with
 weight decay, and SGD) step for step; FSDP's gathered weights within 1e-6 + 1e-4 |w| of one
 process (float32) and within 1e-4 + 1e-4 |w| in float16 against a one-process reference that
-casts only the Linear and Embedding weights to float16 (here: every matrix), the gradients
-through `set_detect_anomaly(True, check_nan=False)`, a full gather on every rank keyed like the
-unsharded module's named_parameters.
+casts only the Linear and Embedding weights to float16 (here: every matrix; gains and biases
+stay float32), FSDP built as a plain adapter builds it, `FSDP(module, compute_dtype=...)`; the
+gradients through `set_detect_anomaly(True, check_nan=False)`, a full gather on every rank keyed
+like the unsharded module's named_parameters.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ BATCH, D_IN, D_HID, D_OUT = 20, 8, 24, 4
 BUCKETS_MB = {"unbounded": None, "tiny": 1e-4, "two": 0.0012, "default": 25.0}
 ADAMW = {"lr": 0.1, "weight_decay": 0.1, "betas": (0.9, 0.999), "eps": 1e-8}
 FSDP_SHAPES = {"vocab": 100, "d_model": 64, "d_ff": 128}
+FSDP_CASES = [("float32", None, "matrices", False), ("float16", torch.float16, "matrices", False),
+              ("float16_bias", torch.float16, "matrices", True),
+              ("float16_all", torch.float16, "all", False)]  # name, dtype, cast, head bias
 FSDP_TOLERANCE = {"float32": (1e-6, 1e-4), "float16": (1e-4, 1e-4)}  # (atol, rtol)
 
 
@@ -95,17 +100,30 @@ class Norm(nn.Module):
         return (self.gain * x).to(dtype)
 
 
+class Dense(nn.Module):
+    """y = x W^T + b written out: a float32 bias beside float16 matrices promotes y to float32
+    (torch's nn.Linear, one kernel, would refuse the mix)."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_out, d_in) / d_in ** 0.5)
+        self.bias = nn.Parameter(torch.randn(d_out) / 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.T + self.bias
+
+
 class Flat(nn.Module):
     """Embedding, norm, up, relu, norm, down, head: no nn.ModuleList anywhere."""
 
-    def __init__(self, vocab: int, d_model: int, d_ff: int) -> None:
+    def __init__(self, vocab: int, d_model: int, d_ff: int, head_bias: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.norm_in = Norm(d_model)
         self.up = nn.Linear(d_model, d_ff, bias=False)
         self.norm_mid = Norm(d_ff)
         self.down = nn.Linear(d_ff, d_model, bias=False)
-        self.head = nn.Linear(d_model, vocab, bias=False)
+        self.head = Dense(d_model, vocab) if head_bias else nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, ids: Tensor) -> Tensor:
         x = self.norm_mid(torch.relu(self.up(self.norm_in(self.embed(ids)))))
@@ -204,15 +222,16 @@ def mixed_forward(model: nn.Module, ids: Tensor, dtype: torch.dtype | None) -> T
     return functional_call(model, params, (ids,))
 
 
-def fsdp_run(compute_dtype: torch.dtype | None, full_precision: tuple, rank: int,
+def fsdp_run(compute_dtype: torch.dtype | None, cast: str, head_bias: bool, rank: int,
              world_size: int) -> dict:
     """The CS336 FSDP check: 3 SGD steps of FSDP on this rank's half of 20 sequences against
     the reference on all 20; per step and parameter the largest difference and whether it is
     within the tolerance; the loss's backward under anomaly detection."""
     torch.manual_seed(42)
-    base = Flat(**FSDP_SHAPES)
+    base = Flat(**FSDP_SHAPES, head_bias=head_bias)
     reference = copy.deepcopy(base)
-    fsdp = FSDP(copy.deepcopy(base), compute_dtype=compute_dtype, full_precision=full_precision)
+    fsdp = (FSDP(copy.deepcopy(base), compute_dtype=compute_dtype) if cast == "matrices" else
+            FSDP(copy.deepcopy(base), compute_dtype=compute_dtype, cast=cast))
     opt_fsdp = torch.optim.SGD(fsdp.parameters(), lr=0.01)
     opt_ref = torch.optim.SGD(reference.parameters(), lr=0.01)
     torch.manual_seed(123)
@@ -248,12 +267,14 @@ def fsdp_run(compute_dtype: torch.dtype | None, full_precision: tuple, rank: int
             "layout": [(u.name, u.params, u.full_precision) for u in fsdp.layout]}
 
 
-def fsdp_gradients(compute_dtype: torch.dtype | None, full_precision: tuple, rank: int) -> dict:
+def fsdp_gradients(compute_dtype: torch.dtype | None, cast: str, head_bias: bool,
+                   rank: int) -> dict:
     """After one backward pass of out.sum() on each rank's own ids and the synchronisation:
     every parameter the wrapped module still lists has a gradient of its shape and dtype, and
     every shard (what the optimiser steps) one of its own shape in the master dtype."""
     torch.manual_seed(42)
-    fsdp = FSDP(Flat(**FSDP_SHAPES), compute_dtype=compute_dtype, full_precision=full_precision)
+    fsdp = FSDP(Flat(**FSDP_SHAPES, head_bias=head_bias), compute_dtype=compute_dtype,
+                cast=cast)
     torch.manual_seed(rank)
     fsdp(torch.randint(0, FSDP_SHAPES["vocab"], (4, 8))).sum().backward()
     fsdp.finish_gradient_synchronization()
@@ -262,6 +283,20 @@ def fsdp_gradients(compute_dtype: torch.dtype | None, full_precision: tuple, ran
     shards = [(p.grad is not None and p.grad.shape == p.shape and p.grad.dtype == torch.float32)
               for p in fsdp.parameters()]
     return {"listed": listed, "shards": shards}
+
+
+def torch_linear(rank: int) -> dict:
+    """torch's nn.Linear with a bias under float16 compute: its bias (a vector, kept float32)
+    is rounded to float16 where F.linear uses it; the step runs, the output is float16."""
+    torch.manual_seed(42)
+    fsdp = FSDP(nn.Sequential(nn.Linear(D_IN, D_HID), nn.ReLU(), nn.Linear(D_HID, D_OUT)),
+                compute_dtype=torch.float16)
+    torch.manual_seed(rank)
+    y = fsdp(torch.randn(4, D_IN).half())  # (4, D_OUT)
+    y.float().pow(2).sum().backward()
+    fsdp.finish_gradient_synchronization()
+    return {"dtype": y.dtype, "layout": [(u.params, u.full_precision) for u in fsdp.layout],
+            "grads": [p.grad.dtype for p in fsdp.parameters()]}
 
 
 def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
@@ -281,11 +316,10 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
                                                                         "momentum": 0.9})):
                 res["zero", model_cls.__name__, opt_name] = sharded_run(model_cls, opt_cls,
                                                                         kwargs)
-        for name, dtype, keep in (("float32", None, ()),
-                                  ("float16", torch.float16, (Norm,)),
-                                  ("float16_whole", torch.float16, ())):
-            res["fsdp", name] = fsdp_run(dtype, keep, rank, world_size)
-            res["fsdp_grads", name] = fsdp_gradients(dtype, keep, rank)
+        for name, dtype, cast, bias in FSDP_CASES:
+            res["fsdp", name] = fsdp_run(dtype, cast, bias, rank, world_size)
+            res["fsdp_grads", name] = fsdp_gradients(dtype, cast, bias, rank)
+        res["torch_linear"] = torch_linear(rank)
         torch.save(res, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -343,7 +377,7 @@ def test_sharded_optimizer_equals_the_unsharded_one_step_for_step(launch, model,
         assert run["diffs"] == [0.0] * 10 and run["moved"]
 
 
-@pytest.mark.parametrize("name", ["float32", "float16"])
+@pytest.mark.parametrize("name", ["float32", "float16", "float16_bias"])
 def test_fsdp_within_the_reference_tolerance(launch, name):
     for res in launch:
         run = res["fsdp", name]
@@ -351,21 +385,30 @@ def test_fsdp_within_the_reference_tolerance(launch, name):
         assert all(dtype == torch.float32 for dtype in run["dtypes"].values())  # masters
         for step in run["steps"]:
             assert all(ok for _, ok in step.values()), step
-    if name == "float16":  # the gains form a group of their own, gathered in float32
+    if name == "float16_bias":  # the vectors form a group of their own, gathered in float32
         assert launch[0]["fsdp", name]["layout"] == [
             ("", ("embed.weight", "up.weight", "down.weight", "head.weight"), False),
-            ("", ("norm_in.gain", "norm_mid.gain"), True)]
+            ("", ("norm_in.gain", "norm_mid.gain", "head.bias"), True)]
 
 
-def test_fsdp_float16_with_its_gains_rounded_drifts_further(launch):
+def test_fsdp_float16_with_every_parameter_rounded_drifts_further(launch):
+    # cast="all" (FSDP2's param_dtype) rounds the gains and the bias too
     kept = launch[0]["fsdp", "float16"]["steps"][-1]
-    whole = launch[0]["fsdp", "float16_whole"]["steps"][-1]
+    whole = launch[0]["fsdp", "float16_all"]["steps"][-1]
     assert max(d for d, _ in whole.values()) > 4 * max(d for d, _ in kept.values())
 
 
-@pytest.mark.parametrize("name", ["float32", "float16", "float16_whole"])
+@pytest.mark.parametrize("name", [case[0] for case in FSDP_CASES])
 def test_fsdp_gradients_after_synchronisation(launch, name):
     for res in launch:
         grads = res["fsdp_grads", name]
         assert all(grads["listed"])  # the module lists no Parameter: they live in the shards
         assert grads["shards"] and all(grads["shards"])
+
+
+def test_fsdp_torch_linear_bias_rounded_where_used(launch):
+    for res in launch:
+        run = res["torch_linear"]
+        assert run["dtype"] == torch.float16
+        assert run["layout"] == [(("0.weight", "2.weight"), False), (("0.bias", "2.bias"), True)]
+        assert run["grads"] == [torch.float32, torch.float32]

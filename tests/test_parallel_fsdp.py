@@ -207,6 +207,13 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         toy_train(toy, toy.parameters(), rank, world_size, toy.finish_gradient_synchronization)
         out["toy_fsdp"] = toy.full_state_dict()
         out["toy_layout"] = [asdict(u) for u in toy.layout]
+        # tfbook's unfused norms return float32 beside bfloat16 matrices: cast="all" needed
+        torch.manual_seed(SEED)
+        unfused = GPT(replace(MODEL, fused_norm=False))
+        try:
+            FSDP(unfused, compute_dtype=torch.bfloat16)(PROBE)
+        except TypeError as error:
+            out["gpt_default_cast"] = str(error)
         odd = FSDP(Odd().double())
         toy_train(odd, odd.parameters(), rank, world_size, odd.finish_gradient_synchronization)
         out["odd_fsdp"], out["odd_layout"] = odd.full_state_dict(), [asdict(u) for u in
@@ -245,7 +252,15 @@ def test_layout_units_and_padding(runs):
         assert 0 <= u["padded"] - u["numel"] < 2
     # the shards: one per unit, 1-D, float32 masters even when computing in bfloat16
     for name in ("fsdp_float32", "fsdp_bf16"):
-        assert runs[0][f"{name}_shards"] == [((u["shard"],), "torch.float32") for u in layout]
+        assert runs[0][f"{name}_shards"] == [((u["shard"],), "torch.float32")
+                                             for u in runs[0][f"{name}_layout"]]
+    # in bfloat16 each unit's vectors (norm gains, biases) form a float32 group of their own
+    bf16 = runs[0]["fsdp_bf16_layout"]
+    assert [(u["name"], u["full_precision"]) for u in bf16] == [
+        (name, kept) for name in ("blocks.0", "blocks.1", "") for kept in (False, True)]
+    assert sum(u["numel"] for u in bf16) == sum(u["numel"] for u in layout)
+    vectors = {n for n, p in model.named_parameters() if p.dim() < 2}
+    assert {n for u in bf16 if u["full_precision"] for n in u["params"]} == vectors
     toy = runs[0]["toy_layout"]
     assert [(u["name"], u["numel"], u["padded"], u["shard"]) for u in toy] == [
         ("layers.0", 20, 20, 10), ("layers.1", 6, 6, 3), ("", 1, 2, 1)]
@@ -354,6 +369,11 @@ def test_bfloat16_compute_stays_near_float32(runs):
     assert 0 < max_difference(bf16, f32) <= STEPS * 2 * LR
 
 
+def test_a_forward_that_mixes_dtypes_is_told_to_cast_all(runs):
+    assert "needs FSDP(..., cast='all')" in runs[0]["gpt_default_cast"]
+    assert "compute_dtype=torch.bfloat16 and cast='matrices'" in runs[0]["gpt_default_cast"]
+
+
 def test_bad_input():
     with pytest.raises(RuntimeError, match="FSDP runs inside a process group, and this "
                                            "process belongs to none"):
@@ -363,8 +383,8 @@ def test_bad_input():
         FSDP(GPT(MODEL), compute_dtype=torch.int32)
     with pytest.raises(TypeError, match="compute_dtype must be None or a torch floating dtype"):
         FSDP(GPT(MODEL), compute_dtype="bfloat16")
-    with pytest.raises(TypeError, match="full_precision must be a tuple of nn.Module classes"):
-        FSDP(GPT(MODEL), compute_dtype=torch.bfloat16, full_precision=("RMSNorm",))
+    with pytest.raises(ValueError, match=r"cast must be one of \('matrices', 'all'\)"):
+        FSDP(GPT(MODEL), compute_dtype=torch.bfloat16, cast="vectors")
     with pytest.raises(TypeError, match="module must be a torch.nn.Module, got dict"):
         FSDP({})
     with pytest.raises(ValueError, match="Identity has no parameters to shard"):

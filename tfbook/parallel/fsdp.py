@@ -35,23 +35,29 @@ the squared norms of all ranks' shards summed, and the loop sees only this rank'
 `full_state_dict()` gathers the master weights into a state dict with the unsharded module's
 names, which `load_state_dict` of an unsharded model accepts.
 
-Mixed precision. With `compute_dtype` (e.g. torch.bfloat16 or torch.float16) each unit's flat
-vector is gathered in that dtype, so every weight of the unit is rounded to it for the forward
-and backward passes; the shards (master weights), the gradients' reduce-scatter and the
-optimiser stay in the parameters' dtype. This is what PyTorch's FSDP2 does with
-`fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32))`:
-its param_dtype applies to every parameter of the module it shards, norm gains included.
-A gain rounded to float16 moves each normalised activation by up to 2^-11 of itself, and it
-is updated through a float16 gradient: a recipe that casts only the matrices (Linear and
-Embedding weights) and keeps the norms in float32, as CS336's reference does, drifts away
-from it by about 1e-4 (that reference's tolerance) within three SGD steps.
-`full_precision=(RMSNorm,)` gives that recipe: the parameters of modules of those classes
-form a second flat group of their unit, gathered in the master dtype
-(`UnitLayout.full_precision`), the rest in compute_dtype. FSDP2 gets the same by calling
-fully_shard on each norm with its own policy (param_dtype=None); FSDP1's MixedPrecision keeps
-BatchNorm in full precision the same way (its `_module_classes_to_ignore`). The module's own
-forward must accept the mix (a norm computing in float32 and returning its input's dtype, as
-a Llama-style RMSNorm does).
+Mixed precision. With `compute_dtype` (e.g. torch.bfloat16 or torch.float16) the matrices
+(parameters with two or more dimensions: Linear weights, embeddings) are gathered in that dtype
+and the forward and backward passes use them rounded to it; the vectors (norm gains, biases)
+stay in the parameters' own dtype, in a second flat group of their unit
+(`UnitLayout.full_precision`). The shards (master weights), the reduce-scatter of the gradients
+and the optimiser use the parameters' dtype throughout. Keeping norms in float32 is the usual
+mixed-precision practice and what CS336's reference does (it casts only Linear and Embedding
+weights): a gain rounded to float16 moves every normalised activation by up to 2^-11 of itself
+and is updated through a float16 gradient, and on a toy model of CS336's test that alone
+moves weights about 1e-4 (its tolerance) from the reference within three SGD steps, about a
+hundred times further than with the vectors kept. Torch's own nn.Linear computes
+with one dtype, so its bias is rounded to compute_dtype where it is used (gathered and updated
+in full precision all the same). The module's forward must accept float32 vectors beside
+compute_dtype matrices: a norm that computes in float32 and returns its input's dtype
+(Llama-style RMSNorm; torch's F.layer_norm, so tfbook's fused LayerNorm) does; tfbook's
+unfused LayerNorm and its RMSNorm return float32, and a GPT built with them (fused_norm=False,
+or norm="rms") needs `cast="all"` (FSDP says so when a forward fails on mixed dtypes).
+
+`cast="all"` casts every parameter, vectors included: PyTorch's FSDP2 with
+`fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32))`,
+whose param_dtype applies to every parameter of the module it shards (FSDP2 keeps a norm in
+float32 only if that norm is fully_shard-ed separately with param_dtype=None; FSDP1's
+MixedPrecision kept BatchNorm so through `_module_classes_to_ignore`).
 
 Inside forward and backward the wrapped module's parameters are plain tensors (views of the
 gathered vector); outside them read the weights with `full_state_dict()`. Each unit runs
@@ -70,6 +76,11 @@ from torch import Tensor, nn
 
 from tfbook.parallel.ddp import require_process_group
 
+CASTS = ("matrices", "all")  # which parameters a compute_dtype applies to
+# torch modules whose kernels take one dtype: a vector kept in full precision is rounded to
+# the compute dtype where they use it
+_ONE_DTYPE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd)
+
 
 @dataclass(frozen=True)
 class UnitLayout:
@@ -80,7 +91,7 @@ class UnitLayout:
     padded: int  # N = p ceil(n / p)
     shard: int  # s = N / p numbers each rank keeps
     params: tuple[str, ...]  # the parameters, flattened in this order (a tied matrix once)
-    full_precision: bool = False  # gathered in the master dtype (see FSDP's full_precision)
+    full_precision: bool = False  # gathered in the master dtype (the vectors, cast="matrices")
 
     @property
     def padding(self) -> int:
@@ -130,13 +141,14 @@ class FSDP(nn.Module):
     while each rank's shard (the master weights the optimiser updates) keeps the parameters'
     dtype and the gradients are reduced in it.
 
-    full_precision: module classes (e.g. `(RMSNorm,)`) whose parameters keep the master dtype
-    during compute when compute_dtype is given (see "Mixed precision" in the module
-    docstring); ignored without a compute_dtype.
+    cast: with a compute_dtype, "matrices" (default: parameters with >= 2 dimensions in
+    compute_dtype, vectors such as norm gains and biases in the master dtype) or "all" (every
+    parameter, as FSDP2's MixedPrecisionPolicy(param_dtype=...)); see "Mixed precision" in the
+    module docstring.
     """
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None,
-                 full_precision: tuple[type[nn.Module], ...] = ()) -> None:
+                 cast: str = "matrices") -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"FSDP: module must be a torch.nn.Module, got "
                             f"{type(module).__name__}")
@@ -147,12 +159,9 @@ class FSDP(nn.Module):
         if compute_dtype is not None and not compute_dtype.is_floating_point:
             raise ValueError(f"FSDP: compute_dtype must be a floating dtype (e.g. "
                              f"torch.bfloat16), got {compute_dtype}")
-        if isinstance(full_precision, type):
-            full_precision = (full_precision,)
-        if not (isinstance(full_precision, tuple | list) and all(
-                isinstance(c, type) and issubclass(c, nn.Module) for c in full_precision)):
-            raise TypeError("FSDP: full_precision must be a tuple of nn.Module classes (e.g. "
-                            f"(RMSNorm,)), got {full_precision!r:.60}")
+        if cast not in CASTS:
+            raise ValueError(f"FSDP: cast must be one of {CASTS} (which parameters compute in "
+                             f"compute_dtype), got {cast!r:.40}")
         if not list(module.parameters()):
             raise ValueError(f"FSDP: {type(module).__name__} has no parameters to shard")
         frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
@@ -163,7 +172,7 @@ class FSDP(nn.Module):
         super().__init__()
         self.module = module
         self.compute_dtype = compute_dtype
-        self.full_precision = tuple(full_precision)
+        self.cast = cast
         self.rank, self.world_size = rank, world_size
         self._pending: list[tuple[dist.Work, Tensor, Tensor, _Unit]] = []
         self._callback_queued = False
@@ -206,11 +215,10 @@ class FSDP(nn.Module):
             if len(dtypes) > 1 or not unit_params[0].dtype.is_floating_point:
                 raise ValueError(f"FSDP: the parameters of unit {unit_name or 'root'!r} must "
                                  f"share one floating dtype, got {sorted(map(str, dtypes))}")
-            # with a compute dtype, the parameters of full_precision modules form a group of
-            # their own (its own flat vector, gathered in the master dtype)
-            kept = [any(isinstance(m, self.full_precision) for m, _ in place)
-                    for place in locations] if compute_dtype is not None else [False] * len(
-                        locations)
+            # with a compute dtype and cast="matrices", the vectors form a group of their own
+            # (its own flat vector, gathered in the master dtype)
+            split = compute_dtype is not None and cast == "matrices"
+            kept = [split and p.dim() < 2 for p in unit_params]
             for keep in (False, True):
                 group = [i for i, k in enumerate(kept) if k == keep]
                 if group:
@@ -264,7 +272,7 @@ class FSDP(nn.Module):
 
     @property
     def _roots(self) -> list[_Unit]:
-        """The root unit's flat groups (two when some of its parameters keep full precision)."""
+        """The root unit's flat groups (two when its vectors keep the master dtype)."""
         return [u for u in self._units if not u.layout.name]
 
     # ---- gathering and freeing -------------------------------------------------------
@@ -281,10 +289,12 @@ class FSDP(nn.Module):
             storage.resize_(full.numel() * full.element_size())
         dist.all_gather_single(full, unit.shard.detach().to(full.dtype))
         views = unit.full.split([*unit.numels, unit.layout.padding])
+        rounded = unit.layout.full_precision and self.compute_dtype is not None
         for view, shape, place in zip(views, unit.shapes, unit.locations, strict=False):
             tensor = view.view(shape)
-            for m, attr in place:
-                setattr(m, attr, tensor)
+            for m, attr in place:  # a torch Linear's bias: rounded where it is used
+                setattr(m, attr, tensor.to(self.compute_dtype) if rounded and isinstance(
+                    m, _ONE_DTYPE) else tensor)
 
     def _after_forward(self, unit: _Unit, output: Any) -> Any:
         self._free(unit)
@@ -336,6 +346,17 @@ class FSDP(nn.Module):
             self._gather(unit)
         try:
             return self.module(*args, **kwargs)
+        except (RuntimeError, TypeError) as error:
+            if (self.compute_dtype is not None and self.cast == "matrices"
+                    and "dtype" in str(error)):
+                raise TypeError(
+                    f"FSDP: the wrapped module's forward failed on mixed dtypes ({error}). "
+                    f"With compute_dtype={self.compute_dtype} and cast='matrices' the matrices "
+                    "compute in that dtype and the vectors (norm gains, biases) stay in "
+                    f"{self._units[0].shard.dtype}; a module whose norms return float32 (as "
+                    "tfbook's unfused ones do) needs FSDP(..., cast='all'), or norms that "
+                    "return their input's dtype") from error
+            raise
         finally:
             if not torch.is_grad_enabled():
                 for unit in self._roots:
