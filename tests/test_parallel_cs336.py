@@ -45,7 +45,7 @@ from tfbook.parallel.fsdp import FSDP
 from tfbook.parallel.zero import ShardedOptimizer
 
 BATCH, D_IN, D_HID, D_OUT = 20, 8, 24, 4
-BUCKETS_MB = {"unbounded": None, "tiny": 1e-4, "two": 0.0012, "default": 25.0}
+BUCKETS_MB = {"unbounded": None, "tiny": 1e-4, "two": 0.001, "default": 25.0}
 ADAMW = {"lr": 0.1, "weight_decay": 0.1, "betas": (0.9, 0.999), "eps": 1e-8}
 FSDP_SHAPES = {"vocab": 100, "d_model": 64, "d_ff": 128}
 FSDP_CASES = [("float32", None, "matrices", False), ("float16", torch.float16, "matrices", False),
@@ -363,8 +363,8 @@ def test_ddp_five_sgd_steps_equal_one_process_on_the_whole_batch(launch, model, 
 
 def test_ddp_bucket_counts(launch):
     n = {(m, b): launch[0]["ddp", m, b]["n_buckets"] for m, b in DDP_CASES}
-    # Frozen trains 3 tensors (8x8, 24x8, 4x24), Tied 4 (the tied one once); 0.0012 MB holds
-    # the last two of either (384 + 768 bytes) but not a third
+    # Frozen trains 3 tensors (8x8, 24x8, 4x24), Tied 4 (the tied one once); a bucket closes
+    # once it holds the cap or more: 0.001 MB (1049 bytes) takes 384 + 768 bytes, then the rest
     assert [n["Frozen", b] for b in BUCKETS_MB] == [1, 3, 2, 1]
     assert [n["Tied", b] for b in BUCKETS_MB] == [1, 4, 2, 1]
 

@@ -25,7 +25,7 @@ from tests.parallel_launch import spawn_scenarios
 from tests.test_parallel_ddp import loss_of
 from tfbook.models.gpt import GPTConfig
 from tfbook.parallel.ddp import DDPOverlap, NoProcessGroupError
-from tfbook.parallel.zero import ShardedOptimizer
+from tfbook.parallel.zero import ShardedOptimizer, partition_parameters
 from tfbook.train.data import random_windows
 from tfbook.train.distributed import build_model, shard_batch
 
@@ -316,3 +316,16 @@ def test_sizes_that_do_not_split_evenly(launch):
         assert run["single"]["shard_numel"] == [1, 0]  # one rank owns nothing
     assert launch[1]["uneven"]["single"]["state_bytes"] == 0
     assert launch[0]["uneven"]["single"]["state_bytes"] > 0
+
+
+def test_partition_rule():
+    assert partition_parameters([6, 1, 4, 3], 2) == [0, 0, 1, 1]  # 6 + 1 and 4 + 3
+    assert partition_parameters([7, 5, 3, 1, 1], 2) == [0, 1, 1, 0, 0]
+    assert partition_parameters([2, 2], 2, start=[5, 0]) == [1, 1]  # dealt on from a group
+    assert partition_parameters([], 3) == []
+    with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+        partition_parameters([1], 0)
+    with pytest.raises(ValueError, match="numels must be a sequence of ints >= 0"):
+        partition_parameters([1.5], 2)
+    with pytest.raises(ValueError, match="start must give 2 numbers"):
+        partition_parameters([1], 2, start=[0])

@@ -99,19 +99,20 @@ class BucketTiming:
 
 def plan_buckets(params: list[nn.Parameter], bucket_size_mb: float | None
                  ) -> list[list[nn.Parameter]]:
-    """Group parameters into buckets: reverse registration order, a new bucket when adding the
-    next parameter would pass bucket_size_mb megabytes (2^20 bytes) or change the dtype; a
-    parameter larger than the cap gets a bucket of its own. None: no cap (one bucket per
+    """Group parameters into buckets: reverse registration order; a bucket closes once it
+    holds bucket_size_mb megabytes (2^20 bytes) or more, or when the dtype changes (torch's
+    DDP rule: a bucket may pass the cap by its last parameter). None: no cap (one bucket per
     dtype).
 
-    Three float32 tensors of 1, 2 and 3 MB, cap 3 MB: [[p3], [p2, p1]].
+    Three float32 tensors of 1, 2 and 3 MB, cap 3 MB: [[p3], [p2, p1]]; cap 2.5 MB:
+    [[p3], [p2, p1]] too (p2 alone is under the cap, so p1 joins it).
     """
     cap = check_bucket_size(bucket_size_mb, "plan_buckets")
     buckets: list[list[nn.Parameter]] = []
     size = 0
     for p in reversed(params):
         nbytes = p.numel() * p.element_size()
-        if buckets and size + nbytes <= cap and buckets[-1][0].dtype == p.dtype:
+        if buckets and size < cap and buckets[-1][0].dtype == p.dtype:
             buckets[-1].append(p)
             size += nbytes
         else:
@@ -168,6 +169,7 @@ class DDPOverlap(nn.Module):
         self.buckets = plan_buckets(trainable, self.bucket_size_mb)
         self._bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket}
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in trainable]
+        self._flats: dict[int, Tensor] = {}  # bucket -> its flat buffer (made at first use)
         self.timeline: list[BucketTiming] = []  # the last synchronised step's buckets
         self.backward_seconds = 0.0  # the last step: backward start -> finish was called
         self._reset()
@@ -227,7 +229,11 @@ class DDPOverlap(nn.Module):
                  else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in bucket]
         flags = torch.tensor([p.grad is not None for p in bucket], dtype=bucket[0].dtype,
                              device=bucket[0].device)
-        flat = torch.cat([*grads, flags])  # (numel of the bucket + parameters in it,)
+        flat = self._flats.get(b)  # one buffer per bucket, reused step after step
+        if flat is None:
+            flat = self._flats[b] = torch.empty(sum(p.numel() for p in bucket) + len(bucket),
+                                                dtype=bucket[0].dtype, device=bucket[0].device)
+        torch.cat([*grads, flags], out=flat)  # (numel of the bucket + parameters in it,)
         self._started.append((time.perf_counter(), during_backward))
         handle = dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)
         self._work.append((handle, flat, flags))

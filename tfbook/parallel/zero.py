@@ -7,8 +7,9 @@ the ranks, each rank keeps the state of its share only and steps only that share
 parameter is broadcast from the rank that owns it, so all replicas hold the new weights:
 
     owner(w) = the rank with the fewest numbers so far, parameters taken largest first
+               (`partition_parameters`)
     rank r:  inner optimizer over {w : owner(w) = r}      # state: K N / p numbers, not K N
-    step():  inner.step();  for every w: broadcast(w, src=owner(w))
+    step():  inner.step();  for every rank r: broadcast(its parameters packed flat, src=r)
 
 The gradients must already be averaged (DDP, or `DDPOverlap`); the update of each weight is
 the same elementwise AdamW as unsharded, so the weights agree bit for bit.
@@ -25,7 +26,7 @@ gathers the shares on rank 0, where `state_dict()` is then the state dict of an 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +35,30 @@ from torch import Tensor, nn
 
 from tfbook.config import is_int
 from tfbook.parallel.ddp import require_process_group
+
+
+def partition_parameters(numels: Sequence[int], world_size: int,
+                         start: Sequence[int] | None = None) -> list[int]:
+    """The rank that owns each parameter: largest first (ties in order), each to the rank
+    holding the fewest numbers so far (ties: the lowest rank). `start`: numbers each rank
+    already owns (ShardedOptimizer deals each parameter group on from the last).
+
+    [6, 1, 4, 3] over 2 ranks -> [0, 0, 1, 1] (6 + 1 and 4 + 3).
+    """
+    if not is_int(world_size) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if isinstance(numels, str | bytes) or not all(is_int(n) and n >= 0 for n in numels):
+        raise ValueError(f"numels must be a sequence of ints >= 0 (numbers in each parameter), "
+                         f"got {numels!r:.60}")
+    load = [0] * world_size if start is None else list(start)
+    if len(load) != world_size:
+        raise ValueError(f"start must give {world_size} numbers (one per rank), got {start!r}")
+    owners = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
+        r = min(range(world_size), key=lambda k: (load[k], k))
+        owners[i] = r
+        load[r] += numels[i]
+    return owners
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -66,6 +91,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.inner: torch.optim.Optimizer | None = None  # built with this rank's first share
         self._inner_groups: list[tuple[int, int]] = []  # (our group index, inner group index)
         self._consolidated: dict[str, Any] | None = None  # the whole state, on rank `to`
+        self._broadcasts: list[tuple[int, list[Tensor]]] | None = None  # (owner, parameters)
         super().__init__(params, defaults=kwargs)  # calls add_param_group for each group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -75,21 +101,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         index = len(self.param_groups) - 1
         group = self.param_groups[index]
         # every rank must deal out the same parameters, or owners would disagree
-        shapes = [tuple(p.shape) for p in group["params"]]
+        shapes = [(tuple(p.shape), str(p.dtype)) for p in group["params"]]
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, shapes)
         if any(g != shapes for g in gathered):
             differs = [r for r, g in enumerate(gathered) if g != gathered[0]]
             raise ValueError("ShardedOptimizer: every rank must pass parameters of the same "
-                             f"shapes in the same order; rank(s) {differs} differ from rank 0 "
+                             f"shapes and dtypes in the same order; rank(s) {differs} differ "
+                             "from rank 0 "
                              f"in parameter group {index}")
-        # largest first, each to the rank holding the fewest numbers (ties: lowest rank)
-        for p in sorted(group["params"], key=lambda t: t.numel(), reverse=True):
-            if id(p) in self.owner:  # torch refuses a parameter in two groups; be safe
-                continue
-            r = min(range(self.world_size), key=lambda k: (self.shard_numel[k], k))
+        # largest first, each to the rank holding the fewest numbers (ties: lowest rank);
+        # torch's add_param_group has refused a parameter already in another group
+        owners = partition_parameters([p.numel() for p in group["params"]], self.world_size,
+                                      self.shard_numel)
+        for p, r in zip(group["params"], owners, strict=True):
             self.owner[id(p)] = r
             self.shard_numel[r] += p.numel()
+        self._broadcasts = None  # to be planned again with this group's parameters
         mine = [p for p in group["params"] if self.owner[id(p)] == self.rank]
         if not mine:  # every parameter of this group went to other ranks
             return
@@ -115,11 +143,34 @@ class ShardedOptimizer(torch.optim.Optimizer):
         elif closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        handles = [dist.broadcast(p.data, src=self.owner[id(p)], async_op=True)
-                   for group in self.param_groups for p in group["params"]]
-        for handle in handles:
+        # one broadcast per owner and dtype: its parameters packed into one flat vector
+        sent = []
+        for r, params in self._broadcast_plan():
+            if r == self.rank:
+                flat = torch.cat([p.detach().reshape(-1) for p in params])  # (their numbers,)
+            else:
+                flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
+                                   device=params[0].device)
+            sent.append((dist.broadcast(flat, src=r, async_op=True), r, params, flat))
+        for handle, r, params, flat in sent:
             handle.wait()
+            if r != self.rank:
+                for p, value in zip(params, flat.split([p.numel() for p in params]),
+                                    strict=True):
+                    p.copy_(value.view_as(p))
         return loss
+
+    def _broadcast_plan(self) -> list[tuple[int, list[Tensor]]]:
+        """(owner, its parameters of one dtype) in the same order on every rank."""
+        if self._broadcasts is None:
+            params = [p for group in self.param_groups for p in group["params"]]
+            plan = []
+            for r in range(self.world_size):
+                mine = [p for p in params if self.owner[id(p)] == r]
+                for dtype in dict.fromkeys(p.dtype for p in mine):
+                    plan.append((r, [p for p in mine if p.dtype == dtype]))
+            self._broadcasts = plan
+        return self._broadcasts
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (the tensors of its inner optimizer)."""
