@@ -14,24 +14,33 @@ sides compute the same numbers (else the run stops):
 - "ddp_*": a training step (forward, backward, gradient averaging, AdamW) of the book's GPT on
   2 ranks, each its half of the global batch: `DDPOverlap` (bucket_size_mb=BUCKET_MB) with
   overlap=True and with overlap=False, and torch's DistributedDataParallel with
-  bucket_cap_mb=BUCKET_MB. Fairness of the buckets: torch's DDP gives its first bucket
-  1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) only when bucket_cap_mb is left at its default;
-  given explicitly (as here) every bucket has that cap, as ours do; BUCKET_MB is 1 MiB, which
-  is also torch's default first bucket. Both sides' bucket sizes are recorded (torch's from
-  its logging data after the buckets were rebuilt in the warm-up). Gradients checked bit for
-  bit equal to torch's DDP (for p = 2 halving is exact).
-  Two models: GPTConfig.tiny() (2 layers, width 64, T 64, 0.12 M parameters: communication
-  is most of a step) and SIZES["gpt_4x256"] (4 layers, width 256, 8 heads, T 128, vocabulary
-  4096, 4.2 M parameters, 16 MiB of gradients a step: computing dominates, communication is
-  not negligible). The DDPOverlap bucket timeline of one step of the larger model is stored
-  under "timeline" (for the chapter's figure).
+  bucket_cap_mb=BUCKET_MB. Fairness of the buckets: torch's DDP gives its first bucket only
+  1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) when bucket_cap_mb is left at its default; given
+  explicitly (as here) torch 2.13 uses that cap for the first bucket too, and BUCKET_MB is
+  1 MiB, torch's default first bucket, so every bucket on both sides has the same cap. The
+  rules still differ: torch closes a bucket once it reaches the cap, ours before it would
+  pass it, so at the same cap ours makes more, smaller buckets (22 against 13 for gpt_4x256);
+  both sides' bucket sizes are recorded (torch's from its logging data, after it rebuilt its
+  buckets in the warm-up in the order the gradients arrived). Gradients and weights checked
+  bit for bit equal to torch's DDP (for p = 2 halving is exact). In the same rounds one
+  all-reduce of every gradient alone is timed ("all_reduce_s"): communication's share.
+  Two models: GPTConfig.tiny() (2 layers, width 64, T 64, 0.12 M parameters, 2 rows a rank:
+  a step of a few milliseconds, 10 steps per timed call, communication a large share) and
+  SIZES["gpt_4x256"] (4 layers, width 256, 8 heads, T 128, vocabulary 4096, 4.2 M parameters,
+  16 MiB of gradients a step, 2 rows of 128 tokens a rank: computing dominates, the
+  all-reduce is about a tenth of a step, not negligible). The DDPOverlap bucket timeline of
+  one step of the larger model (with and without overlap) is stored under "timeline".
 - "zero_step": `ShardedOptimizer(AdamW)` against ZeroRedundancyOptimizer(AdamW), the
-  optimizer step alone on the same averaged gradients (and an unsharded AdamW step timed in
-  the same rounds, "adamw_step"); "zero_train_step": a whole step, ours (DDPOverlap +
-  ShardedOptimizer) against torch's (DistributedDataParallel + ZeroRedundancyOptimizer).
+  optimizer step alone on the same averaged gradients; "zero_step_bucket_view": against
+  ZeroRedundancyOptimizer(AdamW, parameters_as_bucket_view=True) (each rank's parameters
+  views into one flat buffer, one broadcast per rank); "adamw_step": against an unsharded
+  AdamW step (all three timed in the same rounds); "zero_train_step": a whole step, ours
+  (DDPOverlap + ShardedOptimizer) against torch's (DistributedDataParallel +
+  ZeroRedundancyOptimizer).
   Weights checked bit for bit equal.
 - "fsdp_float32", "fsdp_bf16": a training step of `FSDP` against `fully_shard` (FSDP2, every
-  block then the GPT, on a CPU device mesh); bf16: FSDP(compute_dtype=bfloat16) against
+  block then the GPT, on a CPU device mesh); bf16: FSDP(compute_dtype=bfloat16, cast="all")
+  (every parameter in bfloat16, FSDP2's rule; FSDP's default casts only matrices) against
   MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), because ours reduces
   the gradients in the master dtype (FSDP2 would reduce in bfloat16 with reduce_dtype None).
 - "pipeline_gpipe", "pipeline_1f1b": forward and backward of a batch of B_PIPE rows through
@@ -53,8 +62,11 @@ CPU time (time.process_time: every thread of the process, gloo's included) of on
 step's wall time is the slower rank's; its CPU time the sum over the ranks. "ratio" = torch's
 wall time / ours in the same round, median over rounds (above 1: ours faster; the aim is
 >= 0.9); "cpu_ratio" the same for CPU time. On a 2-core machine that other processes load,
-wall-clock times are noisy (the load average before and after is recorded); the interleaving
-makes a burst of load slow both sides alike.
+wall-clock times are noisy (the load average before and after is recorded; ratio_min and
+ratio_max show the spread): the interleaving makes a burst of load slow both sides alike, but
+a 2-process step needs both processes on a core at once, so under load a one-process
+candidate (the unsplit GPT, whole-sequence attention) is favoured by wall time; CPU time
+measures the work whatever the load (waiting for a message costs none, or little).
 """
 
 import os
@@ -68,6 +80,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, replace  # noqa: E402
 from datetime import timedelta  # noqa: E402
+from inspect import signature  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -105,7 +118,7 @@ from tfbook.train.loop import lm_loss  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "parallel.json"
 BOOK_COPY = ROOT / "book" / "learning" / "data" / "sharding_speed.json"
 WORLD = 2
-ROUNDS, WARMUP = 7, 2  # timed rounds after warm-up rounds (torch's DDP rebuilds its buckets
+ROUNDS, WARMUP = 15, 2  # timed rounds after warm-up rounds (torch's DDP rebuilds its buckets
 # and the pipelining stages infer their shapes in the first step)
 SIZES = {
     "gpt_tiny": GPTConfig.tiny(),  # 2 layers, width 64, 4 heads, T 64, vocabulary 256
@@ -113,13 +126,14 @@ SIZES = {
                          vocab_size=4096),
 }
 BIG = "gpt_4x256"  # the model of every comparison past DDP
-B_GLOBAL = 8  # rows of the global batch (4 a rank in data parallelism), T = max_len
+B_GLOBAL = 4  # rows of the global batch (2 a rank in data parallelism), T = max_len
 BUCKET_MB = 1.0
 REPEAT = {"gpt_tiny": 10, "gpt_4x256": 1}  # steps per timed call (a tiny step takes ~10 ms)
 B_PIPE, M_PIPE = 8, 4  # pipeline: rows of the batch, micro-batches
 RING = {"B": 1, "H": 8, "n": 1024, "D": 32}  # ring attention: whole-sequence shapes
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.1}
 SEED = 0
+TIMELINE_STEPS = 5  # DDPOverlap steps recorded for the timeline; the median one is stored
 TF32_TOL = 2.0**-20  # float32 comparisons that differ in summation order: relative to max |ref|
 
 
@@ -213,6 +227,25 @@ def weights(model: torch.nn.Module) -> dict:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def count_collectives(fn) -> dict[str, int]:
+    """The collectives one call of fn() launches on this rank, by operator name (profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    counts = {}
+    for event in prof.key_averages():
+        if event.key.startswith(("c10d::", "_c10d_functional::")) and "wait" not in event.key:
+            counts[event.key] = event.count
+    return counts
+
+
+def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors an optimizer's state holds."""
+    return sum(t.numel() * t.element_size() for s in optimizer.state.values()
+               for t in s.values() if isinstance(t, torch.Tensor))
+
+
 def build(name: str, dtype: torch.dtype = torch.float32) -> GPT:
     torch.manual_seed(SEED)
     return GPT(SIZES[name]).to(dtype)
@@ -265,6 +298,8 @@ def bench_ddp(size: str, rank: int, rounds: int, bar) -> tuple[list[dict], dict]
     diff = max(diff, max_abs_diff(weights(models["overlap"]), weights(models["torch"])))
     check = checked(f"{size}: averaged gradients and weights after a step, bit for bit", diff,
                     0.0)
+    check["collectives_per_step"] = {k: {name: n // REPEAT[size] for name, n in
+                                         count_collectives(step(k)).items()} for k in models}
     times = timed_rounds({**{k: step(k) for k in models}, "all_reduce": all_reduce}, rounds,
                          WARMUP, bar)
     labels = {"overlap": f"DDPOverlap(bucket_size_mb={BUCKET_MB:g})",
@@ -293,20 +328,28 @@ def bench_ddp(size: str, rank: int, rounds: int, bar) -> tuple[list[dict], dict]
             compare(f"ddp_overlap_gain_{size}", times, "overlap", "no_overlap", labels, check,
                     per, **extra)]
     timeline = {}
-    if size == BIG:  # one more step of each of ours, its buckets on a timeline
-        for k in ("overlap", "no_overlap"):
-            t0 = time.perf_counter()
-            opts[k].zero_grad(set_to_none=True)
-            loss = lm_loss(wrapped[k], batch)
-            forward = time.perf_counter() - t0
-            loss.backward()
-            wrapped[k].finish_gradient_synchronization()
-            synced = time.perf_counter() - t0
-            opts[k].step()
-            timeline[k] = {"rank": rank, "buckets": [asdict(t) for t in wrapped[k].timeline],
-                           "backward_seconds": wrapped[k].backward_seconds,
-                           "forward_seconds": forward, "synchronised_seconds": synced,
-                           "step_seconds": time.perf_counter() - t0}
+    if size == BIG:  # TIMELINE_STEPS more steps of each of ours (in turn), their buckets
+        steps = {"overlap": [], "no_overlap": []}
+        for _ in range(TIMELINE_STEPS):
+            for k, records in steps.items():
+                dist.barrier()
+                t0 = time.perf_counter()
+                opts[k].zero_grad(set_to_none=True)
+                loss = lm_loss(wrapped[k], batch)
+                forward = time.perf_counter() - t0
+                loss.backward()
+                wrapped[k].finish_gradient_synchronization()
+                synced = time.perf_counter() - t0
+                opts[k].step()
+                records.append({"rank": rank,
+                                "buckets": [asdict(t) for t in wrapped[k].timeline],
+                                "backward_seconds": wrapped[k].backward_seconds,
+                                "forward_seconds": forward, "synchronised_seconds": synced,
+                                "step_seconds": time.perf_counter() - t0})
+        for k, records in steps.items():  # the step of median length (a burst of load aside)
+            by_length = sorted(records, key=lambda r: r["step_seconds"])
+            timeline[k] = {**by_length[len(records) // 2],
+                           "step_seconds_each": [r["step_seconds"] for r in records]}
     return rows, timeline
 
 
@@ -318,30 +361,38 @@ def bench_zero(rank: int, rounds: int, bar) -> list[dict]:
     # the step alone: the same (already averaged) gradients on every rank, kept between steps
     source = build(BIG)
     lm_loss(source, global_batch(config, B_GLOBAL)).backward()
-    models = {k: build(BIG) for k in ("ours", "torch", "plain")}
+    models = {k: build(BIG) for k in ("ours", "torch", "torch_bucket_view", "plain")}
     for m in models.values():
         for p, q in zip(m.parameters(), source.parameters(), strict=True):
             p.grad = q.grad.clone()
     opts = {"ours": ShardedOptimizer(models["ours"].parameters(), torch.optim.AdamW, **ADAMW),
             "torch": ZeroRedundancyOptimizer(models["torch"].parameters(),
                                              optimizer_class=torch.optim.AdamW, **ADAMW),
+            # torch's faster setting: each rank's parameters are views into one flat buffer,
+            # broadcast whole (one collective per rank instead of one per parameter)
+            "torch_bucket_view": ZeroRedundancyOptimizer(
+                models["torch_bucket_view"].parameters(), optimizer_class=torch.optim.AdamW,
+                parameters_as_bucket_view=True, **ADAMW),
             "plain": torch.optim.AdamW(models["plain"].parameters(), **ADAMW)}
     for opt in opts.values():
         opt.step()
     diff = max(max_abs_diff(weights(models[k]), weights(models["plain"]))
-               for k in ("ours", "torch"))
+               for k in ("ours", "torch", "torch_bucket_view"))
     check = checked("weights after a step equal the unsharded AdamW's, bit for bit", diff, 0.0)
     state = {"ours": opts["ours"].state_bytes(),
-             "torch": sum(t.numel() * t.element_size() for s in opts["torch"].optim.state.values()
-                          for t in s.values() if isinstance(t, torch.Tensor)),
-             "plain": sum(t.numel() * t.element_size() for s in opts["plain"].state.values()
-                          for t in s.values() if isinstance(t, torch.Tensor))}
+             "torch": state_bytes(opts["torch"].optim), "plain": state_bytes(opts["plain"])}
+    check = {**check, "collectives_per_step": {k: count_collectives(opt.step)
+                                               for k, opt in opts.items()}}
     times = timed_rounds({k: opt.step for k, opt in opts.items()}, rounds, WARMUP, bar)
     labels = {"ours": "ShardedOptimizer(AdamW)", "torch": "ZeroRedundancyOptimizer(AdamW)",
+              "torch_bucket_view": "ZeroRedundancyOptimizer(AdamW, "
+                                   "parameters_as_bucket_view=True)",
               "plain": "AdamW (unsharded)"}
     extra = {"model": BIG, "step": "optimizer.step() alone, the same averaged gradients",
              "state_bytes_rank": state, "rank_of_state_bytes": rank}
     rows = [compare("zero_step", times, "ours", "torch", labels, check, **extra),
+            compare("zero_step_bucket_view", times, "ours", "torch_bucket_view", labels, check,
+                    **extra),
             compare("adamw_step", times, "ours", "plain", labels, check, **extra)]
     del models, opts, source
 
@@ -385,7 +436,11 @@ def bench_fsdp(rank: int, rounds: int, bar) -> list[dict]:
     mesh = init_device_mesh("cpu", (WORLD,))
     rows = []
     for name, compute in (("fsdp_float32", None), ("fsdp_bf16", torch.bfloat16)):
-        ours = FSDP(build(BIG), compute_dtype=compute)
+        # cast="all": every parameter in the compute dtype, as MixedPrecisionPolicy(param_dtype)
+        # does (FSDP's default casts only matrices; tfbook's GPT needs "all" anyway)
+        cast = {} if compute is None or "cast" not in signature(FSDP).parameters else {
+            "cast": "all"}
+        ours = FSDP(build(BIG), compute_dtype=compute, **cast)
         theirs = build(BIG)
         policy = None if compute is None else MixedPrecisionPolicy(
             param_dtype=compute, reduce_dtype=torch.float32)
@@ -419,7 +474,7 @@ def bench_fsdp(rank: int, rounds: int, bar) -> list[dict]:
                         max_abs_diff(full_ours, full_theirs), tolerance)
         check["loss_diff"] = abs(losses["ours"] - losses["torch"])
         times = timed_rounds({k: step(k) for k in models}, rounds, WARMUP, bar)
-        labels = {"ours": f"FSDP(compute_dtype={compute})" if compute else "FSDP",
+        labels = {"ours": f"FSDP(compute_dtype={compute}, cast='all')" if compute else "FSDP",
                   "torch": "fully_shard (FSDP2)" + (
                       "" if compute is None else ", MixedPrecisionPolicy(param_dtype=bfloat16, "
                                                  "reduce_dtype=float32)")}
@@ -518,6 +573,7 @@ def bench_tensor(rank: int, rounds: int, bar) -> list[dict]:
     tolerance = TF32_TOL * float(reference.abs().max())
     check = checked("logits against the unsplit GPT", max(diffs.values()), tolerance)
     check["max_abs_diff_each"] = diffs
+    check["collectives_per_step"] = {k: count_collectives(step(k)) for k in models}
     times = timed_rounds({k: step(k) for k in models}, rounds, WARMUP, bar)
     labels = {"ours": "tensor_parallel_model (2 ranks)",
               "torch": "parallelize_module, ColwiseParallel/RowwiseParallel (2 ranks)",
