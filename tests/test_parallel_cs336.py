@@ -285,14 +285,28 @@ def fsdp_gradients(compute_dtype: torch.dtype | None, cast: str, head_bias: bool
     return {"listed": listed, "shards": shards}
 
 
+class TorchLayers(nn.Module):
+    """torch's own layers with biases: Linear, MultiheadAttention, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(D_IN, D_HID)
+        self.attn = nn.MultiheadAttention(D_HID, 2, batch_first=True)
+        self.out = nn.Linear(D_HID, D_OUT)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.inp(x))  # (b, t, D_HID)
+        return self.out(self.attn(h, h, h, need_weights=False)[0])  # (b, t, D_OUT)
+
+
 def torch_linear(rank: int) -> dict:
-    """torch's nn.Linear with a bias under float16 compute: its bias (a vector, kept float32)
-    is rounded to float16 where F.linear uses it; the step runs, the output is float16."""
+    """torch's nn.Linear and nn.MultiheadAttention with biases under float16 compute: their
+    biases (vectors, kept float32) are rounded to float16 where their one-dtype kernels use
+    them; the step runs, the output is float16."""
     torch.manual_seed(42)
-    fsdp = FSDP(nn.Sequential(nn.Linear(D_IN, D_HID), nn.ReLU(), nn.Linear(D_HID, D_OUT)),
-                compute_dtype=torch.float16)
+    fsdp = FSDP(TorchLayers(), compute_dtype=torch.float16)
     torch.manual_seed(rank)
-    y = fsdp(torch.randn(4, D_IN).half())  # (4, D_OUT)
+    y = fsdp(torch.randn(4, 3, D_IN).half())  # (4, 3, D_OUT)
     y.float().pow(2).sum().backward()
     fsdp.finish_gradient_synchronization()
     return {"dtype": y.dtype, "layout": [(u.params, u.full_precision) for u in fsdp.layout],
@@ -320,6 +334,8 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
             res["fsdp", name] = fsdp_run(dtype, cast, bias, rank, world_size)
             res["fsdp_grads", name] = fsdp_gradients(dtype, cast, bias, rank)
         res["torch_linear"] = torch_linear(rank)
+        same = FSDP(Flat(**FSDP_SHAPES), compute_dtype=torch.float32)  # the master dtype
+        res["same_dtype_groups"] = [u.full_precision for u in same.layout]
         torch.save(res, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -410,5 +426,11 @@ def test_fsdp_torch_linear_bias_rounded_where_used(launch):
     for res in launch:
         run = res["torch_linear"]
         assert run["dtype"] == torch.float16
-        assert run["layout"] == [(("0.weight", "2.weight"), False), (("0.bias", "2.bias"), True)]
+        assert run["layout"] == [
+            (("inp.weight", "attn.in_proj_weight", "attn.out_proj.weight", "out.weight"), False),
+            (("inp.bias", "attn.in_proj_bias", "attn.out_proj.bias", "out.bias"), True)]
         assert run["grads"] == [torch.float32, torch.float32]
+
+
+def test_fsdp_compute_dtype_equal_to_the_masters_keeps_one_group(launch):
+    assert launch[0]["same_dtype_groups"] == [False]

@@ -79,7 +79,7 @@ from tfbook.parallel.ddp import require_process_group
 CASTS = ("matrices", "all")  # which parameters a compute_dtype applies to
 # torch modules whose kernels take one dtype: a vector kept in full precision is rounded to
 # the compute dtype where they use it
-_ONE_DTYPE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd)
+_ONE_DTYPE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.MultiheadAttention)
 
 
 @dataclass(frozen=True)
@@ -215,9 +215,9 @@ class FSDP(nn.Module):
             if len(dtypes) > 1 or not unit_params[0].dtype.is_floating_point:
                 raise ValueError(f"FSDP: the parameters of unit {unit_name or 'root'!r} must "
                                  f"share one floating dtype, got {sorted(map(str, dtypes))}")
-            # with a compute dtype and cast="matrices", the vectors form a group of their own
-            # (its own flat vector, gathered in the master dtype)
-            split = compute_dtype is not None and cast == "matrices"
+            # with another compute dtype and cast="matrices", the vectors form a group of
+            # their own (its own flat vector, gathered in the master dtype)
+            split = compute_dtype not in (None, unit_params[0].dtype) and cast == "matrices"
             kept = [split and p.dim() < 2 for p in unit_params]
             for keep in (False, True):
                 group = [i for i, k in enumerate(kept) if k == keep]
