@@ -14,7 +14,8 @@ vector of n numbers, padded with zeros to N = p ceil(n / p) so that p ranks get 
 
 A step, per unit:
     forward:  all-gather the p shards into the full flat vector (cast to `compute_dtype` if
-              given, e.g. bfloat16), point the unit's modules at views of it, run the unit,
+              given, e.g. bfloat16; then a unit's vectors have a flat vector of their own, see
+              "Mixed precision"), point the unit's modules at views of it, run the unit,
               free the full vector (its storage shrinks to nothing; autograd's saved views
               keep pointing at that storage);
     backward: when the gradient reaches the unit's output, all-gather the full vector again
@@ -26,12 +27,13 @@ The root unit is gathered at the start of the forward pass and kept until its gr
 reduced at the end of the backward pass (its output layer is the first thing the backward
 pass needs), as FSDP2 does for its root. Buffers are not sharded: rank 0's are broadcast once.
 
-The optimiser is built over `FSDP.parameters()`, which yields the shards (1-D tensors: weight
-decay applies to every number of a shard alike; torch's FSDP with flat parameters has the same
-limit). `finish_gradient_synchronization()` waits for the reductions still in flight and
-stores each shard's gradient; the backward pass also calls it at its end, so a plain training
-loop works too (tfbook.train.loop.train with clip=None: clipping by the global norm would need
-the squared norms of all ranks' shards summed, and the loop sees only this rank's).
+The optimiser is built over `FSDP.parameters()`, which yields the shards, one per flat vector
+(1-D tensors: weight decay applies to every number of a shard alike; torch's FSDP with flat
+parameters has the same limit). `finish_gradient_synchronization()` waits for the reductions
+still in flight and stores each shard's gradient; the backward pass also calls it at its end,
+so a plain training loop works too (tfbook.train.loop.train with clip=None: clipping by the
+global norm would need the squared norms of all ranks' shards summed, and the loop sees only
+this rank's).
 `full_state_dict()` gathers the master weights into a state dict with the unsharded module's
 names, which `load_state_dict` of an unsharded model accepts.
 
@@ -137,9 +139,10 @@ class FSDP(nn.Module):
     sharded data parallelism in the current process group; see the module docstring.
 
     compute_dtype: None (compute in the parameters' own dtype) or a floating dtype such as
-    torch.bfloat16: the gathered weights, hence activations and gradients, are in that dtype,
-    while each rank's shard (the master weights the optimiser updates) keeps the parameters'
-    dtype and the gradients are reduced in it.
+    torch.bfloat16: the gathered matrices (every parameter with cast="all"), hence the
+    activations and gradients through them, are in that dtype, while each rank's shard (the
+    master weights the optimiser updates) keeps the parameters' dtype and the gradients are
+    reduced in it.
 
     cast: with a compute_dtype, "matrices" (default: parameters with >= 2 dimensions in
     compute_dtype, vectors such as norm gains and biases in the master dtype) or "all" (every
