@@ -2,10 +2,11 @@
 small GPT and reports what it measured: the sharding chapter's demonstrations.
 
 Starting processes that import torch costs seconds, so the chapter starts them once. Each
-process (one thread) runs the scenarios below in turn; rank 0 also runs the one-process
-references, on the same thread count and kernels. Every comparison is reduced inside the
-processes to plain numbers (max differences, byte counts, op times), so the result is a dict of
-floats, ints, strings and lists that pickles and serialises to JSON:
+process (one thread) runs the scenarios below in turn, and runs the one-process references
+itself, on the same thread count and kernels. Every comparison is reduced inside the processes
+to plain numbers (max differences, byte counts, op times); rank 0's come back, with the
+numbers that differ between ranks gathered from both, as a dict of floats, ints, strings and
+lists that pickles and serialises to JSON:
 
     ddp       DDPOverlap vs torch's DistributedDataParallel vs one process (float64, float32):
               first gradients, weights after `steps` AdamW steps, the last step's bucket timeline
