@@ -17,11 +17,10 @@ sides compute the same numbers (else the run stops):
   bucket_cap_mb=BUCKET_MB. Fairness of the buckets: torch's DDP gives its first bucket only
   1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) when bucket_cap_mb is left at its default; given
   explicitly (as here) torch 2.13 uses that cap for the first bucket too, and BUCKET_MB is
-  1 MiB, torch's default first bucket, so every bucket on both sides has the same cap. The
-  rules still differ: torch closes a bucket once it reaches the cap, ours before it would
-  pass it, so at the same cap ours makes more, smaller buckets (22 against 13 for gpt_4x256);
-  both sides' bucket sizes are recorded (torch's from its logging data, after it rebuilt its
-  buckets in the warm-up in the order the gradients arrived). Gradients and weights checked
+  1 MiB, torch's default first bucket, so every bucket on both sides has the same cap, and
+  both close a bucket once it reaches the cap (13 buckets each for gpt_4x256). Both sides'
+  bucket sizes are recorded (torch's from its logging data, after it rebuilt its buckets in
+  the warm-up in the order the gradients arrived). Gradients and weights checked
   bit for bit equal to torch's DDP (for p = 2 halving is exact). In the same rounds one
   all-reduce of every gradient alone is timed ("all_reduce_s"): communication's share.
   Two models: GPTConfig.tiny() (2 layers, width 64, T 64, 0.12 M parameters, 2 rows a rank:
@@ -118,7 +117,7 @@ from tfbook.train.loop import lm_loss  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "parallel.json"
 BOOK_COPY = ROOT / "book" / "learning" / "data" / "sharding_speed.json"
 WORLD = 2
-ROUNDS, WARMUP = 15, 2  # timed rounds after warm-up rounds (torch's DDP rebuilds its buckets
+ROUNDS, WARMUP = 20, 2  # timed rounds after warm-up rounds (torch's DDP rebuilds its buckets
 # and the pipelining stages infer their shapes in the first step)
 SIZES = {
     "gpt_tiny": GPTConfig.tiny(),  # 2 layers, width 64, 4 heads, T 64, vocabulary 256
@@ -733,7 +732,12 @@ def main(rounds: int = ROUNDS, write: bool = True, warmup: int = WARMUP) -> dict
             "models": {k: {f: getattr(c, f) for f in ("n_layers", "d_model", "n_heads",
                                                       "max_len", "vocab_size", "tie_weights")}
                        for k, c in SIZES.items()},
-            "batch_rows": B_GLOBAL, "bucket_mb": BUCKET_MB, "pipeline_batch_rows": B_PIPE,
+            "batch_rows": B_GLOBAL, "bucket_mb": BUCKET_MB,
+            "ddp_buckets": "bucket_cap_mb given explicitly to torch's DDP: torch 2.13 then caps "
+                           "its first bucket at the same size (1 MiB only at the default cap); "
+                           "BUCKET_MB = 1 MiB, torch's default first bucket; each row's buckets "
+                           "field lists both sides' bucket bytes",
+            "pipeline_batch_rows": B_PIPE,
             "pipeline_micro_batches": M_PIPE, "ring": RING, "adamw": ADAMW,
             "dtype": "float32 (fsdp_bf16: bfloat16 compute, float32 master weights)",
             "ratio": "torch's time / ours in the same round, median over rounds (above 1: "
