@@ -1,9 +1,11 @@
 """Ring attention (tfbook.parallel.ring): equal to attention over the whole sequence on one
 process, on 2 gloo processes (one launch for every scenario), on p = 3, 4 threads standing in
-for processes, and simulated for p = 1 .. 4."""
+for processes, and simulated for p = 1 .. 4; with the flash chapter's tiles and with torch's
+fused CPU kernel per block (kernel="fused")."""
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from datetime import timedelta
@@ -51,10 +53,10 @@ def reference(q, k, v, g_out, causal: bool):
     return out.detach(), torch.autograd.grad((out * g_out).sum(), leaves)
 
 
-def simulated(q, k, v, g_out, p: int, causal: bool, layout: str):
+def simulated(q, k, v, g_out, p: int, causal: bool, layout: str, kernel: str = "tiles"):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     work: list[RingWork] = []
-    out = simulate_ring_attention(*leaves, p, causal, layout, work)
+    out = simulate_ring_attention(*leaves, p, causal, layout, work, kernel=kernel)
     return out.detach(), torch.autograd.grad((out * g_out).sum(), leaves), work
 
 
@@ -64,21 +66,23 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     try:
-        results = []
-        for i, (causal, layout, H, H_kv) in enumerate(SCENARIOS):
+        results: dict[str, list] = {kernel: [] for kernel in ring.KERNELS}
+        for (i, (causal, layout, H, H_kv)), kernel in itertools.product(enumerate(SCENARIOS),
+                                                                         ring.KERNELS):
             q, k, v, g_out = inputs(4 * WORLD, H, H_kv, seed=i)
             local = [shard_sequence(t, rank, WORLD, layout).requires_grad_() for t in (q, k, v)]
             work = RingWork()
-            out = ring_attention(*local, causal=causal, layout=layout, work=work)
+            out = ring_attention(*local, causal=causal, layout=layout, work=work, kernel=kernel)
             grads = torch.autograd.grad((out * shard_sequence(g_out, rank, WORLD, layout)).sum(),
                                         local)
             # the simulation in the same process (same threads): must give the same numbers
-            sim_out, sim_grads, sim_work = simulated(q, k, v, g_out, WORLD, causal, layout)
+            sim_out, sim_grads, sim_work = simulated(q, k, v, g_out, WORLD, causal, layout,
+                                                     kernel)
             same = (torch.equal(out, shard_sequence(sim_out, rank, WORLD, layout))
                     and all(torch.equal(a, shard_sequence(b, rank, WORLD, layout))
                             for a, b in zip(grads, sim_grads, strict=True))
                     and sim_work[rank] == work)
-            results.append({"out": out.detach(), "grads": [t.detach() for t in grads],
+            results[kernel].append({"out": out.detach(), "grads": [t.detach() for t in grads],
                             "work": (work.forward, work.backward, work.scores),
                             "same_as_simulation": same})
         errors = {}
@@ -102,14 +106,15 @@ def max_diff(a, b) -> float:
     return float((a - b).abs().max())
 
 
+@pytest.mark.parametrize("kernel", ring.KERNELS)
 @pytest.mark.parametrize("i", range(len(SCENARIOS)),
                          ids=[f"{'causal' if c else 'full'}-{lay}-H{h}-Hkv{hk}"
                               for c, lay, h, hk in SCENARIOS])
-def test_processes_equal_one_process_reference(launch, i):
+def test_processes_equal_one_process_reference(launch, i, kernel):
     causal, layout, H, H_kv = SCENARIOS[i]
     q, k, v, g_out = inputs(4 * WORLD, H, H_kv, seed=i)
     ref_out, ref_grads = reference(q, k, v, g_out, causal)
-    ranks = [launch[r]["results"][i] for r in range(WORLD)]
+    ranks = [launch[r]["results"][kernel][i] for r in range(WORLD)]
     out = unshard_sequence([r["out"] for r in ranks], layout)
     assert max_diff(out, ref_out) <= TOL
     for g in range(3):  # dq, dk, dv of the whole sequence, put back together
@@ -118,9 +123,10 @@ def test_processes_equal_one_process_reference(launch, i):
     assert all(r["same_as_simulation"] for r in ranks)
 
 
-def test_processes_zigzag_work_is_equal_contiguous_is_not(launch):
+@pytest.mark.parametrize("kernel", ring.KERNELS)
+def test_processes_zigzag_work_is_equal_contiguous_is_not(launch, kernel):
     for i, (causal, layout, _, _) in enumerate(SCENARIOS):
-        forward, backward, scores = zip(*(launch[r]["results"][i]["work"]
+        forward, backward, scores = zip(*(launch[r]["results"][kernel][i]["work"]
                                           for r in range(WORLD)), strict=True)
         assert forward == backward  # the backward recomputes exactly the forward's blocks
         if causal and layout == "contiguous":  # rank 0 skips rank 1's (later) block
@@ -136,28 +142,30 @@ def test_processes_refuse_an_odd_share_under_zigzag(launch):
         assert "multiple of 2" in launch[r]["errors"]["odd"]
 
 
+@pytest.mark.parametrize("kernel", ring.KERNELS)
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_simulation_equals_one_process_reference(p, layout, causal):
+def test_simulation_equals_one_process_reference(p, layout, causal, kernel):
     q, k, v, g_out = inputs(2 * p * 3, 4, 2, seed=p)
     ref_out, ref_grads = reference(q, k, v, g_out, causal)
-    out, grads, work = simulated(q, k, v, g_out, p, causal, layout)
+    out, grads, work = simulated(q, k, v, g_out, p, causal, layout, kernel)
     assert max_diff(out, ref_out) <= TOL
     assert all(max_diff(a, b) <= TOL for a, b in zip(grads, ref_grads, strict=True))
     assert len(work) == p and all(len(w.forward) == len(w.backward) == p for w in work)
     assert all(w.forward == w.backward for w in work)
 
 
+@pytest.mark.parametrize("kernel", ring.KERNELS)
 @pytest.mark.parametrize("p", [2, 3])
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_simulation_in_float32_within_derived_rounding_bounds(p, layout, causal):
+def test_simulation_in_float32_within_derived_rounding_bounds(p, layout, causal, kernel):
     """float32: the ring and the reference kernel each round, in different orders; each entry
     differs by at most the sum of both sides' first-order worst-case bounds (tests.test_flash)."""
     q, k, v, g_out = (t.float() for t in inputs(2 * p * 4, 4, 2, seed=p))
     ref_out, ref_grads = reference(q, k, v, g_out, causal)
-    out, grads, _ = simulated(q, k, v, g_out, p, causal, layout)
+    out, grads, _ = simulated(q, k, v, g_out, p, causal, layout, kernel)
     mask = causal_mask(q.size(-2), q.size(-2)) if causal else None
     bounds, _ = derived_bounds(q, k, v, g_out, mask, torch.float32)
     for name, a, b, bound in zip(("O", "dQ", "dK", "dV"), (out, *grads), (ref_out, *ref_grads),
@@ -286,6 +294,8 @@ def test_bad_input():
     simulate_ring_attention(q, k, v, 3, layout="contiguous")  # 3 chunks of 2: fine
     with pytest.raises(ValueError, match="layout"):
         simulate_ring_attention(q, k, v, 2, layout="striped")
+    with pytest.raises(ValueError, match=r"kernel must be one of \('tiles', 'fused'\)"):
+        simulate_ring_attention(q, k, v, 3, layout="contiguous", kernel="sdpa")
     with pytest.raises(ValueError, match="world_size"):
         simulate_ring_attention(q, k, v, 0)
     with pytest.raises(TypeError, match="causal"):

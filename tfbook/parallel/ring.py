@@ -17,6 +17,13 @@ goes round the ring once more: each key/value block travels with its gradient ac
 dK, dV, every rank adds its queries' part of them (`tfbook.flash.flash_backward` on one tile,
 recomputing the weights from the saved lse) and after p passes they are back at the owner.
 
+kernel="fused" computes the same blocks with torch's fused CPU flash-attention kernel
+(aten._scaled_dot_product_flash_attention_for_cpu and its backward), which returns a block's
+normalised output O_J and log-sum-exp l_J; the running state is then (l, O), merged by
+l' = logaddexp(l, l_J), O' = O e^(l - l') + O_J e^(l_J - l') -- the same running-max update,
+with the normaliser folded into l. The Python tiles ("tiles", the default) spell out the
+flash chapter's update; the fused kernel is what makes the ring pay off in time.
+
 Causal masking makes the plain split unfair: rank p - 1's queries see the whole sequence,
 rank 0's only its own block. The zig-zag layout cuts the sequence into 2p chunks and gives
 rank r chunks r and 2p - 1 - r (an early and a late one), so every rank computes the same
@@ -49,6 +56,7 @@ from tfbook.flash import flash_backward, online_softmax_update, tile_scores, til
 from tfbook.parallel.ddp import NoProcessGroupError
 
 LAYOUTS = ("zigzag", "contiguous")  # how the sequence's chunks are dealt to the ranks
+KERNELS = ("tiles", "fused")  # how one block is computed (see the module docstring)
 _TAGS = {"k": 0, "v": 1, "dk": 2, "dv": 3}  # one message tag per tensor that travels
 
 
@@ -187,6 +195,88 @@ def _backward_step(g5: Tensor, q5: Tensor, out5: Tensor, lse5: Tensor, k5: Tenso
         work.backward.append(blocks)
 
 
+# ---- the same steps with torch's fused CPU flash-attention kernel per block (kernel="fused") ----
+
+_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _heads(t5: Tensor, n_rep: int) -> Tensor:
+    """(B, H_kv, r, c, D) -> (B, H_kv n_rep, c, D): the kernel's one head axis; a key/value
+    block (r = 1) is repeated for the n_rep query heads of its group."""
+    B, H_kv, _, c, D = t5.shape
+    return t5.expand(B, H_kv, n_rep, c, D).reshape(B, H_kv * n_rep, c, D)
+
+
+def _fused_start(q5: Tensor, chunks: int, c: int, dv: int) -> list[list[Tensor]]:
+    """lse = -inf, out = 0 for each of a rank's query chunks."""
+    lead = q5.shape[:-2]  # (B, H_kv, n_rep)
+    return [[q5.new_full((*lead, c), -math.inf), q5.new_zeros((*lead, c, dv))]
+            for _ in range(chunks)]
+
+
+def _fused_forward_step(q5: Tensor, state: list[list[Tensor]], k5: Tensor, v5: Tensor,
+                        mine: Sequence[int], theirs: Sequence[int], c: int, n: int,
+                        causal: bool, work: RingWork | None) -> None:
+    """The blocks `_forward_step` folds in, each by torch's fused kernel, which returns the
+    block's normalised output O_J and log-sum-exp l_J; merged into the running (l, O) by
+    l' = logaddexp(l, l_J), O' = O e^(l - l') + O_J e^(l_J - l'): the running-max update with
+    the normaliser folded into l (denom = e^(l - m))."""
+    B, H_kv, n_rep, _, D = q5.shape
+    blocks = 0
+    for a, b, status in _blocks(mine, theirs, c, n, causal):
+        lse, out = state[a]
+        out_j, lse_j = _FLASH_CPU(  # a "partial" block is a diagonal one: causal within it
+            _heads(q5[..., a * c:(a + 1) * c, :], n_rep),
+            _heads(k5[..., b * c:(b + 1) * c, :], n_rep),
+            _heads(v5[..., b * c:(b + 1) * c, :], n_rep), 0.0, status == "partial",
+            scale=1.0 / math.sqrt(D))  # (B, H, c, Dv), (B, H, c)
+        out_j, lse_j = out_j.reshape(out.shape), lse_j.reshape(lse.shape)
+        new = torch.logaddexp(lse, lse_j)
+        state[a] = [new, out * torch.exp(lse - new)[..., None]
+                    + out_j * torch.exp(lse_j - new)[..., None]]
+        blocks += 1
+    if work is not None:
+        work.forward.append(blocks)
+        work.scores += blocks * c * c
+
+
+def _fused_finish(state: list[list[Tensor]]) -> tuple[Tensor, Tensor]:
+    """The running (l, O) over a rank's chunks -> Y (..., t, Dv), lse (..., t)."""
+    return (torch.cat([out for _, out in state], dim=-2),
+            torch.cat([lse for lse, _ in state], dim=-1))
+
+
+def _fused_backward_step(g5: Tensor, q5: Tensor, out5: Tensor, lse5: Tensor, k5: Tensor,
+                         v5: Tensor, dq5: Tensor, dk5: Tensor, dv5: Tensor,
+                         mine: Sequence[int], theirs: Sequence[int], c: int, n: int,
+                         causal: bool, work: RingWork | None) -> None:
+    """`_backward_step` with torch's fused backward kernel per block, given the final output
+    and log-sum-exp (so it recomputes the block's weights exactly as the tiles do); the
+    gradients of a repeated key/value head are summed over its group."""
+    B, H_kv, n_rep, _, D = q5.shape
+    blocks = 0
+    for a, b, status in _blocks(mine, theirs, c, n, causal):
+        qa, kb = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
+        gq, gk, gv = _FLASH_CPU_BACKWARD(
+            _heads(g5[..., qa, :], n_rep), _heads(q5[..., qa, :], n_rep),
+            _heads(k5[..., kb, :], n_rep), _heads(v5[..., kb, :], n_rep),
+            _heads(out5[..., qa, :], n_rep),
+            lse5[..., qa].reshape(B, H_kv * n_rep, c).contiguous(), 0.0, status == "partial",
+            scale=1.0 / math.sqrt(D))
+        dq5[..., qa, :] += gq.reshape(B, H_kv, n_rep, c, D)
+        dk5[..., kb, :] += gk.reshape(B, H_kv, n_rep, c, D).sum(2, keepdim=True)
+        dv5[..., kb, :] += gv.reshape(B, H_kv, n_rep, c, -1).sum(2, keepdim=True)
+        blocks += 1
+    if work is not None:
+        work.backward.append(blocks)
+
+
+# per kernel: (start, forward step, finish, backward step)
+_KERNELS = {"tiles": (_start, _forward_step, _finish, _backward_step),
+            "fused": (_fused_start, _fused_forward_step, _fused_finish, _fused_backward_step)}
+
+
 # ---- the ring over processes ----
 
 def _pass_on(tensors: dict[str, Tensor], rank: int, world_size: int
@@ -207,32 +297,34 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: str,
-                work: RingWork | None) -> Tensor:
+                work: RingWork | None, kernel: str) -> Tensor:
         rank, p = dist.get_rank(), dist.get_world_size()
         n, mine = p * q.size(-2), rank_chunks(rank, p, layout)
         c = q.size(-2) // len(mine)
         q5, k5, v5 = (t.contiguous() for t in _grouped(q, k, v))
-        state = _start(q5, len(mine), c, v5.size(-1))
+        start, forward_step, finish, _ = _KERNELS[kernel]
+        state = start(q5, len(mine), c, v5.size(-1))
         travelling = {"k": k5, "v": v5}
         for s in range(p):
             # send the block on before using it: the transfer overlaps the computation
             requests, received = _pass_on(travelling, rank, p) if s < p - 1 else ([], {})
             theirs = rank_chunks((rank - s) % p, p, layout)
-            _forward_step(q5, state, travelling["k"], travelling["v"], mine, theirs, c, n,
-                          causal, work)
+            forward_step(q5, state, travelling["k"], travelling["v"], mine, theirs, c, n,
+                         causal, work)
             for request in requests:
                 request.wait()
             travelling = received
-        out5, lse5 = _finish(state)
+        out5, lse5 = finish(state)
         ctx.save_for_backward(q5, k5, v5, out5, lse5)
-        ctx.settings = (causal, layout, work, q.shape, k.shape, v.shape)
+        ctx.settings = (causal, layout, work, kernel, q.shape, k.shape, v.shape)
         return out5.reshape(*q.shape[:-1], v.size(-1))  # (B, H, t, Dv)
 
     @staticmethod
     @once_differentiable  # the messages are not part of any graph: no double backward
     def backward(ctx, grad_out: Tensor):
         q5, k5, v5, out5, lse5 = ctx.saved_tensors
-        causal, layout, work, q_shape, k_shape, v_shape = ctx.settings
+        causal, layout, work, kernel, q_shape, k_shape, v_shape = ctx.settings
+        backward_step = _KERNELS[kernel][3]
         rank, p = dist.get_rank(), dist.get_world_size()
         mine = rank_chunks(rank, p, layout)
         c = q5.size(-2) // len(mine)
@@ -246,8 +338,8 @@ class _RingAttention(torch.autograd.Function):
             # their gradient accumulators once this rank has added its part
             requests, next_block = _pass_on(block, rank, p) if s < p - 1 else ([], {})
             theirs = rank_chunks((rank - s) % p, p, layout)
-            _backward_step(g5, q5, out5, lse5, block["k"], block["v"], dq5, grads["dk"],
-                           grads["dv"], mine, theirs, c, n, causal, work)
+            backward_step(g5, q5, out5, lse5, block["k"], block["v"], dq5, grads["dk"],
+                          grads["dv"], mine, theirs, c, n, causal, work)
             if p > 1:  # after the p-th pass the accumulators are back at their block's owner
                 more, grads = _pass_on(grads, rank, p)
                 requests += more
@@ -255,17 +347,20 @@ class _RingAttention(torch.autograd.Function):
                 request.wait()
             block = next_block
         return (dq5.reshape(q_shape), grads["dk"].reshape(k_shape),
-                grads["dv"].reshape(v_shape), None, None, None)
+                grads["dv"].reshape(v_shape), None, None, None, None)
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                   layout: str = "zigzag", work: RingWork | None = None) -> Tensor:
+                   layout: str = "zigzag", work: RingWork | None = None,
+                   kernel: str = "tiles") -> Tensor:
     """This rank's rows of softmax(Q K^T / sqrt(D) + M) V over the whole sequence, by a ring.
 
     Call on every rank of the current process group (set up by the caller) with this rank's
     tokens, `shard_sequence(x, rank, p, layout)`: q (B, H, t, D), k, v (B, H_kv, t, D), the
     same shapes on every rank. -> (B, H, t, D), this rank's queries' outputs; differentiable.
-    `work`, if given, records the score blocks this rank computes at each step.
+    `work`, if given, records the score blocks this rank computes at each step. `kernel`:
+    "tiles" (the flash chapter's tile update, written out) or "fused" (torch's CPU
+    flash-attention kernel per block, merged by log-sum-exp; the same blocks, faster).
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise NoProcessGroupError("ring_attention runs on every rank of a torch.distributed "
@@ -278,7 +373,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
         raise ValueError(f"under the {layout} layout each rank holds {per_rank} equal chunks "
                          f"(the sequence cut into {chunk_count(dist.get_world_size(), layout)})"
                          f", so its length must be a multiple of {per_rank}, got {q.size(-2)}")
-    return _RingAttention.apply(q, k, v, causal, layout, work)
+    _check_kernel(kernel)
+    return _RingAttention.apply(q, k, v, causal, layout, work, kernel)
 
 
 # ---- the same ring, p virtual ranks in one process ----
@@ -288,28 +384,30 @@ class _SimulatedRing(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, p: int, causal: bool, layout: str,
-                works: list[RingWork] | None) -> Tensor:
+                works: list[RingWork] | None, kernel: str) -> Tensor:
         n = q.size(-2)
         c = _chunk_length(n, p, layout)
         chunks = [rank_chunks(r, p, layout) for r in range(p)]
         shards = [[shard_sequence(t, r, p, layout) for r in range(p)] for t in (q, k, v)]
         q5, k5, v5 = zip(*(_grouped(*(s[r] for s in shards)) for r in range(p)), strict=True)
-        states = [_start(q5[r], len(chunks[r]), c, v.size(-1)) for r in range(p)]
+        start, forward_step, finish, _ = _KERNELS[kernel]
+        states = [start(q5[r], len(chunks[r]), c, v.size(-1)) for r in range(p)]
         for s in range(p):
             for r in range(p):  # rank r holds the block of rank (r - s) mod p
                 src = (r - s) % p
-                _forward_step(q5[r], states[r], k5[src], v5[src], chunks[r], chunks[src], c, n,
-                              causal, works[r] if works is not None else None)
-        out5, lse5 = zip(*(_finish(state) for state in states), strict=True)
+                forward_step(q5[r], states[r], k5[src], v5[src], chunks[r], chunks[src], c, n,
+                             causal, works[r] if works is not None else None)
+        out5, lse5 = zip(*(finish(state) for state in states), strict=True)
         ctx.save_for_backward(*q5, *k5, *v5, *out5, *lse5)
-        ctx.settings = (p, c, n, causal, layout, works, q.shape, k.shape, v.shape)
+        ctx.settings = (p, c, n, causal, layout, works, kernel, q.shape, k.shape, v.shape)
         return unshard_sequence([o.reshape(*q.shape[:-2], o.size(-2), v.size(-1))
                                  for o in out5], layout)  # (B, H, n, Dv)
 
     @staticmethod
     @once_differentiable  # as the real ring's
     def backward(ctx, grad_out: Tensor):
-        p, c, n, causal, layout, works, q_shape, k_shape, v_shape = ctx.settings
+        p, c, n, causal, layout, works, kernel, q_shape, k_shape, v_shape = ctx.settings
+        backward_step = _KERNELS[kernel][3]
         q5, k5, v5, out5, lse5 = (ctx.saved_tensors[i * p:(i + 1) * p] for i in range(5))
         chunks = [rank_chunks(r, p, layout) for r in range(p)]
         g5 = [shard_sequence(grad_out, r, p, layout).reshape(out5[r].shape).contiguous()
@@ -320,27 +418,28 @@ class _SimulatedRing(torch.autograd.Function):
         for s in range(p):
             for r in range(p):
                 src = (r - s) % p
-                _backward_step(g5[r], q5[r], out5[r], lse5[r], k5[src], v5[src], dq5[r],
-                               dk5[src], dv5[src], chunks[r], chunks[src], c, n, causal,
-                               works[r] if works is not None else None)
+                backward_step(g5[r], q5[r], out5[r], lse5[r], k5[src], v5[src], dq5[r],
+                              dk5[src], dv5[src], chunks[r], chunks[src], c, n, causal,
+                              works[r] if works is not None else None)
 
         def whole(parts: list[Tensor], shape: torch.Size) -> Tensor:
             return unshard_sequence([t.reshape(*shape[:-2], t.size(-2), t.size(-1))
                                      for t in parts], layout)
 
         return (whole(dq5, q_shape), whole(dk5, k_shape), whole(dv5, v_shape),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def simulate_ring_attention(q: Tensor, k: Tensor, v: Tensor, world_size: int,
                             causal: bool = False, layout: str = "zigzag",
-                            work: list[RingWork] | None = None) -> Tensor:
+                            work: list[RingWork] | None = None, kernel: str = "tiles"
+                            ) -> Tensor:
     """Ring attention played by `world_size` virtual ranks in this process, no process group.
 
     q (B, H, n, D), k, v (B, H_kv, n, D): the whole sequence, dealt to the virtual ranks as
     `shard_sequence` deals it; every rank's step is the same function `ring_attention` calls,
     in the same order. -> (B, H, n, D) in sequence order; differentiable. `work`, if given (a
-    list), is filled with one RingWork per virtual rank.
+    list), is filled with one RingWork per virtual rank. `kernel` as in `ring_attention`.
     """
     _check_world_size(world_size)
     if work is not None and not isinstance(work, list):
@@ -348,9 +447,10 @@ def simulate_ring_attention(q: Tensor, k: Tensor, v: Tensor, world_size: int,
                         f"virtual rank), got {type(work).__name__}")
     _check_inputs("simulate_ring_attention", q, k, v, causal, layout, None, RingWork)
     check_ring(q.size(-2), world_size, layout)
+    _check_kernel(kernel)
     if work is not None:
         work[:] = [RingWork() for _ in range(world_size)]
-    return _SimulatedRing.apply(q, k, v, world_size, causal, layout, work)
+    return _SimulatedRing.apply(q, k, v, world_size, causal, layout, work, kernel)
 
 
 # ---- checks ----
@@ -368,6 +468,11 @@ def check_ring(n: int, world_size: int, layout: str = "zigzag") -> int:
 def _check_world_size(world_size: object) -> None:
     if not is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+
+
+def _check_kernel(kernel: object) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
 
 
 def _check_layout(layout: object) -> None:
