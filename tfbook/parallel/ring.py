@@ -22,7 +22,7 @@ kernel="fused" computes the same blocks with torch's fused CPU flash-attention k
 normalised output O_J and log-sum-exp l_J; the running state is then (l, O), merged by
 l' = logaddexp(l, l_J), O' = O e^(l - l') + O_J e^(l_J - l') -- the same running-max update,
 with the normaliser folded into l. The Python tiles ("tiles", the default) spell out the
-flash chapter's update; the fused kernel is what makes the ring pay off in time.
+flash chapter's update; the fused kernel does the same work in fewer, compiled steps.
 
 Causal masking makes the plain split unfair: rank p - 1's queries see the whole sequence,
 rank 0's only its own block. The zig-zag layout cuts the sequence into 2p chunks and gives
