@@ -49,7 +49,10 @@ sides compute the same numbers (else the run stops):
 - "tensor_parallel": forward and backward of the whole GPT with every block split over the
   2 ranks (`tensor_parallel_model`) against torch's DTensor `parallelize_module` with
   ColwiseParallel (W_Q, W_K, W_V, W_1) and RowwiseParallel (W_O, W_2) and the heads per rank
-  halved; "tensor_parallel_vs_unsplit": the same against the unsplit GPT on one process.
+  halved; "tensor_parallel_vs_unsplit": the same against the unsplit GPT on one process;
+  "tensor_parallel_block", "tensor_parallel_block_vs_unsplit": the same for one block alone
+  (`tensor_parallel_block`; nothing replicated but its norms and biases), forward and
+  backward of an activation (B_GLOBAL / 2, T, C).
 - "ring_zigzag", "ring_contiguous": causal ring attention (forward and backward) of a sequence
   of RING["n"] positions on 2 processes against whole-sequence attention on one process
   (torch's scaled_dot_product_attention); the score blocks each rank computes under both
@@ -74,6 +77,7 @@ import sys
 if __name__ == "__main__":  # run as a script: before torch starts its thread pool
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
+import copy  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -105,7 +109,7 @@ from tfbook.parallel.ring import (  # noqa: E402
     shard_sequence,
     simulate_ring_attention,
 )
-from tfbook.parallel.tensor import tensor_parallel_model  # noqa: E402
+from tfbook.parallel.tensor import tensor_parallel_block, tensor_parallel_model  # noqa: E402
 from tfbook.parallel.zero import ShardedOptimizer  # noqa: E402
 from tfbook.train.distributed import (  # noqa: E402
     free_port,
@@ -587,6 +591,59 @@ def bench_tensor(rank: int, rounds: int, bar) -> list[dict]:
     return rows
 
 
+def bench_tensor_block(rank: int, rounds: int, bar) -> list[dict]:
+    """One block alone (no replicated embeddings, head or loss): forward and backward of
+    x (B_GLOBAL / 2, T, C) with a fixed output gradient, split over 2 ranks or whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    config = SIZES[BIG]
+    g = torch.Generator().manual_seed(SEED + 3)
+    x, g_out = (torch.randn(B_GLOBAL // WORLD, config.max_len, config.d_model, generator=g)
+                for _ in range(2))  # (B, T, C) each, the same on both ranks
+    unsplit = build(BIG).blocks[0]
+    ours = tensor_parallel_block(unsplit)
+    theirs = copy.deepcopy(unsplit)
+    theirs.attn.n_heads //= WORLD
+    theirs.attn.n_kv_heads //= WORLD
+    plan = {f"attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")}
+    plan.update({"attn.out_proj": RowwiseParallel(), "ff.fc_in": ColwiseParallel(),
+                 "ff.fc_out": RowwiseParallel()})
+    parallelize_module(theirs, init_device_mesh("cpu", (WORLD,)), plan)
+    blocks = {"ours": ours, "torch": theirs, "unsplit": unsplit}
+
+    def step(k: str):
+        def run() -> None:
+            if k == "unsplit" and rank != 0:
+                return  # one process: rank 1 waits at the next barrier
+            blocks[k].zero_grad(set_to_none=True)
+            xx = x.clone().requires_grad_()
+            blocks[k](xx, causal=True)[0].backward(g_out)
+        return run
+
+    with torch.no_grad():
+        reference = unsplit(x, causal=True)[0]
+        diffs = {k: float((b(x, causal=True)[0] - reference).abs().max())
+                 for k, b in blocks.items()}
+    check = checked("block output against the unsplit block", max(diffs.values()),
+                    TF32_TOL * float(reference.abs().max()))
+    check["max_abs_diff_each"] = diffs
+    check["collectives_per_step"] = {k: count_collectives(step(k)) for k in blocks}
+    times = timed_rounds({k: step(k) for k in blocks}, rounds, WARMUP, bar)
+    labels = {"ours": "tensor_parallel_block (2 ranks)",
+              "torch": "parallelize_module, ColwiseParallel/RowwiseParallel (2 ranks)",
+              "unsplit": "the unsplit block on one process"}
+    extra = {"model": BIG, "batch_rows": B_GLOBAL // WORLD,
+             "step": "forward and backward of one block, the same rows on both ranks"}
+    return [compare("tensor_parallel_block", times, "ours", "torch", labels, check, **extra),
+            compare("tensor_parallel_block_vs_unsplit", times, "ours", "unsplit", labels, check,
+                    **extra)]
+
+
 def bench_ring(rank: int, rounds: int, bar) -> tuple[list[dict], dict]:
     B, H, n, D = RING["B"], RING["H"], RING["n"], RING["D"]
     g = torch.Generator().manual_seed(SEED + 2)
@@ -665,7 +722,7 @@ def bench_ring(rank: int, rounds: int, bar) -> tuple[list[dict], dict]:
 
 def total_rounds(rounds: int) -> int:
     """Rounds over every comparison (for the progress bar)."""
-    return (len(SIZES) + 1 + 1 + 2 + 1 + 1 + 1) * (WARMUP + rounds)
+    return (len(SIZES) + 1 + 1 + 2 + 1 + 1 + 1 + 1) * (WARMUP + rounds)
 
 
 def _worker(rank: int, world_size: int, init_method: str, out_dir: str, rounds: int,
@@ -686,6 +743,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str, rounds: 
                      ("fsdp", lambda: bench_fsdp(rank, rounds, bar)),
                      ("pipeline", lambda: bench_pipeline(rank, rounds, bar)),
                      ("tensor", lambda: bench_tensor(rank, rounds, bar)),
+                     ("tensor block", lambda: bench_tensor_block(rank, rounds, bar)),
                      ("ring", lambda: bench_ring(rank, rounds, bar))]
         ring_work = None
         for name, section in sections:
