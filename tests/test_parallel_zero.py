@@ -133,6 +133,7 @@ def checkpoint(rank: int) -> dict:
     generator, zero_generator = (torch.Generator().manual_seed(SEED) for _ in range(2))
     run_steps(model, ours, generator, 2)
     run_steps(zero_model, zero, zero_generator, 2)
+    ours.param_groups[1]["lr"] = 2e-3  # a scheduler's change after the last step
     ours.consolidate_state_dict(to=0)
     zero.consolidate_state_dict(to=0)
     out: dict = {}
@@ -294,6 +295,8 @@ def test_checkpoint_is_torch_zeros_and_resumes_bit_for_bit(launch):
     assert [g["params"] for g in ours["param_groups"]] == [
         g["params"] for g in zero["param_groups"]]
     assert [g["weight_decay"] for g in ours["param_groups"]] == [0.1, 0.0]
+    assert [g["lr"] for g in ours["param_groups"]] == [3e-3, 2e-3]  # the change is saved
+    assert ours["param_groups"][0]["amsgrad"] is False  # AdamW's defaults are there too
     # an unsharded AdamW and a new ShardedOptimizer resume from it as if never stopped
     for rank in launch:
         run = rank["checkpoint"]

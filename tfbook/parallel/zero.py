@@ -219,7 +219,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.param_groups):
             mine = {k: v for k, v in group.items() if k != "params"}
             n = len(group["params"])
-            groups.append({**mine, **options.get(g, {}), "params": list(range(start, start + n))})
+            # ours first (a scheduler may have changed them since the last step), then the
+            # inner optimizer's defaults that the group does not name
+            groups.append({**options.get(g, {}), **mine, "params": list(range(start, start + n))})
             start += n
         self._consolidated = {"state": dict(sorted(state.items())), "param_groups": groups}
 
