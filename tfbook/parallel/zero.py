@@ -63,10 +63,11 @@ def partition_parameters(numels: Sequence[int], world_size: int,
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1: each rank builds `optimizer_cls(**kwargs)` over its share of the
-    parameters (shares balanced by number of elements), steps it, and broadcasts each
-    updated parameter from its owner. Parameter groups and `add_param_group` work as in any
-    torch optimizer; hyperparameters changed in `param_groups` (a scheduler) reach the inner
-    optimizer at the next step."""
+    parameters (shares balanced by number of elements, `partition_parameters`), steps it, and
+    broadcasts its updated parameters (one flat vector per owner and dtype). Parameter groups
+    and `add_param_group` work as in any torch optimizer; hyperparameters changed in
+    `param_groups` (a scheduler) reach the inner optimizer at the next step. Checkpoints:
+    `consolidate_state_dict(to)`, then `state_dict()` on rank `to`; `load_state_dict` on all."""
 
     def __init__(self, params: Iterable[Tensor] | Iterable[dict[str, Any]],
                  optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any) -> None:
@@ -108,8 +109,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             differs = [r for r, g in enumerate(gathered) if g != gathered[0]]
             raise ValueError("ShardedOptimizer: every rank must pass parameters of the same "
                              f"shapes and dtypes in the same order; rank(s) {differs} differ "
-                             "from rank 0 "
-                             f"in parameter group {index}")
+                             f"from rank 0 in parameter group {index}")
         # largest first, each to the rank holding the fewest numbers (ties: lowest rank);
         # torch's add_param_group has refused a parameter already in another group
         owners = partition_parameters([p.numel() for p in group["params"]], self.world_size,
