@@ -28,7 +28,6 @@ Shape legend: B global batch rows, T positions, p = 2 processes (ranks), m micro
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import tempfile
 import time
@@ -587,8 +586,8 @@ def run_tour(config: TourConfig, ids: Tensor, timeout: float = 180.0) -> dict[st
     of the module docstring on `config`'s GPT and batches drawn from the token stream `ids`,
     and return rank 0's results (per-rank numbers gathered into lists), plus "launch_seconds"
     (wall-clock of the whole launch) and "rank_cpu_seconds" (each scenario's CPU seconds on
-    rank 0). A child that fails makes this raise with its traceback; a launch longer than
-    `timeout` seconds is stopped."""
+    rank 0). A child that fails makes this raise with its traceback; a collective that waits
+    longer than `timeout` seconds fails in the children (the process group's timeout)."""
     if not isinstance(config, TourConfig):
         raise TypeError(f"config must be a TourConfig, got {type(config).__name__}")
     if not (isinstance(ids, Tensor) and ids.dim() == 1 and not ids.is_floating_point()
@@ -607,22 +606,11 @@ def run_tour(config: TourConfig, ids: Tensor, timeout: float = 180.0) -> dict[st
         args = (WORLD_SIZE, f"tcp://127.0.0.1:{free_port()}", out_dir, config, ids.clone(),
                 float(timeout))
         with passive_single_thread_children():
-            context = mp.spawn(_worker, args=args, nprocs=WORLD_SIZE, join=False)
-        deadline = time.monotonic() + timeout
-        try:
-            while not context.join(timeout=0.5):  # raises if a child failed
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the tour's processes did not finish within {timeout} s")
-        finally:
-            for process in context.processes:  # only ours; a no-op once they have exited
-                if process.is_alive():
-                    process.terminate()
-                    process.join(5.0)
+            mp.spawn(_worker, args=args, nprocs=WORLD_SIZE, join=True)  # raises if one fails
         with open(Path(out_dir) / "rank0.pkl", "rb") as f:
             result = pickle.load(f)
     result["launch_seconds"] = time.perf_counter() - started
     result["rank_cpu_seconds"] = result.pop("cpu_seconds")
-    result["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     return result
 
 
