@@ -85,6 +85,7 @@ from tfbook.parallel.pipeline import (
 )
 from tfbook.parallel.ring import LAYOUTS, chunk_count
 from tfbook.parallel.tensor import check_tensor_parallel, shard_index
+from tfbook.parallel.zero import partition_parameters
 from tfbook.train.distributed import check_shardable, ring_all_reduce_bytes
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
@@ -228,19 +229,17 @@ def n_parameters(config: GPTConfig) -> int:
 
 
 def zero_partition(numels: list[int] | tuple[int, ...], world_size: int) -> list[list[int]]:
-    """The parameter indices each rank owns under `ShardedOptimizer`'s rule: largest first
-    (ties in order), each to the rank holding the fewest numbers so far (ties: lowest rank).
+    """The parameter indices each rank owns under `ShardedOptimizer`'s rule
+    (`tfbook.parallel.zero.partition_parameters`: largest first, each to the rank holding the
+    fewest numbers so far), grouped by rank.
 
     [6, 1, 4, 3] over 2 ranks -> [[0, 1], [2, 3]] (6 + 1 and 4 + 3).
     """
     _check_world_size(world_size)
     owned: list[list[int]] = [[] for _ in range(world_size)]
-    load = [0] * world_size
-    for i in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
-        r = min(range(world_size), key=lambda k: (load[k], k))
+    for i, r in enumerate(partition_parameters(numels, world_size)):
         owned[r].append(i)
-        load[r] += numels[i]
-    return [sorted(o) for o in owned]
+    return owned
 
 
 def fsdp_units(config: GPTConfig, world_size: int) -> list[tuple[str, int, int]]:
