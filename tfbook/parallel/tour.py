@@ -380,6 +380,9 @@ def _fsdp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
         "master_dtypes": sorted({str(p.dtype) for p in bf16["wrapped"].parameters()}),
         "state_dtypes": sorted({str(v.dtype) for v in bf16_state.values()}),
         "full_dtype": str(bf16["wrapped"]._units[0].full.dtype),
+        # each flat group's gathered dtype: the matrices' and, kept apart, the vectors'
+        "gathered_dtypes": sorted({("vectors" if u.layout.full_precision else "matrices",
+                                    str(u.full.dtype)) for u in bf16["wrapped"]._units}),
         "vs_float32_weights": _max_diff({k: bf16_state[k] for k in state}, state),
     }
     return out
@@ -390,8 +393,8 @@ def _tensor(config: TourConfig, rank: int) -> dict[str, Any]:
     model = GPT(config.model).double()
     block = model.blocks[0]
     generator = torch.Generator().manual_seed(config.seed + 1)
-    x = torch.randn(2, config.seq_len, config.model.d_model, generator=generator,
-                    dtype=torch.float64)  # (2, T, C)
+    x = torch.randn(config.batch_size, config.seq_len, config.model.d_model,
+                    generator=generator, dtype=torch.float64)  # (B, T, C)
     seed = torch.randn(x.shape, generator=generator, dtype=torch.float64)  # dL/dy
     x_full = x.clone().requires_grad_()
     y_full, _ = block(x_full, causal=True)
@@ -423,8 +426,8 @@ def _tensor(config: TourConfig, rank: int) -> dict[str, Any]:
         "param_shapes": shapes,
     }
     # the whole GPT with every block split: 2 L all-reduces each way
-    idx = torch.randint(0, config.model.vocab_size, (2, config.seq_len),
-                        generator=generator)  # (2, T)
+    idx = torch.randint(0, config.model.vocab_size, (config.batch_size, config.seq_len),
+                        generator=generator)  # (B, T)
     full_out = model(idx, idx)
     split = tensor_parallel_model(model)
     with CollectiveCount() as count:
