@@ -534,7 +534,7 @@ def tensor_split(block: object, world_size: int = 2) -> Diagram:
         heads = f"head {r * h}" if h == 1 else f"heads {r * h}–{(r + 1) * h - 1}"
         kv = "" if h_kv == h else f" (K, V: {h_kv})"
         attn_cols.append([
-            Node(f"rank {r}", seen[f"attn{r}"][0], ("B", "T", "hD"), "attn", f"attn.heads{r}",
+            Node(f"rank {r}", seen[f"attn{r}"][0], ("B", "T", "HD/p"), "attn", f"attn.heads{r}",
                  note=f"{heads}{kv}\nW_Q {w(r, 'attn.inner.q_proj.weight')}\n"
                       f"W_K {w(r, 'attn.inner.k_proj.weight')}\n"
                       f"W_V {w(r, 'attn.inner.v_proj.weight')}",

@@ -108,8 +108,10 @@ def reduce_from_parallel(x: Tensor, group: dist.ProcessGroup | None = None) -> T
 
 
 class RowParallelLinear(nn.Module):
-    """y = g(x_r W_r^T) + b: this rank's input columns x_r times its rows of the weight; the
-    partial products summed over the ranks, the (replicated) bias added once afterwards."""
+    """y = g(x_r W_r^T) + b: this rank's input columns x_r times its slice W_r of the weight
+    (in the math's y = x W, rows of W; in torch's (out, in) storage, columns: W_r is
+    (out, in / p)); the partial products summed over the ranks, the (replicated) bias added
+    once afterwards."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None,
                  group: dist.ProcessGroup | None) -> None:
