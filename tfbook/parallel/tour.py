@@ -19,8 +19,9 @@ lists that pickles and serialises to JSON:
               all-reduces counted; the whole GPT split likewise
     pipeline  GPipe and 1F1B over two stages vs one process and vs torch.distributed.pipelining
               (float64); op times and bubble measured for m = 1, 2, 4, 8 micro-batches
-    ring      ring attention (zig-zag and contiguous, causal) vs attention over the whole
-              sequence (float64), score blocks computed per rank
+    ring      ring attention (zig-zag and contiguous, causal; zig-zag also with torch's fused
+              kernel per block) vs attention over the whole sequence (float64), score
+              blocks computed per rank
 
 Shape legend: B global batch rows, T positions, p = 2 processes (ranks), m micro-batches.
 """
@@ -555,6 +556,16 @@ def _ring(config: TourConfig, rank: int) -> dict[str, Any]:
                        "forward_blocks": [w[0] for w in works],
                        "backward_blocks": [w[1] for w in works],
                        "scores": [w[2] for w in works]}
+    # the same zig-zag blocks through torch's fused CPU flash-attention kernel
+    local = [shard_sequence(t, rank, WORLD_SIZE).requires_grad_() for t in (q, k, v)]
+    y = ring_attention(*local, causal=True, kernel="fused")
+    grads = torch.autograd.grad((y * shard_sequence(seed, rank, WORLD_SIZE)).sum(), local)
+    gaps = torch.tensor([float((y - shard_sequence(ref, rank, WORLD_SIZE)).abs().max()),
+                         max(float((g - shard_sequence(rg, rank, WORLD_SIZE)).abs().max())
+                             for g, rg in zip(grads, ref_grads, strict=True))],
+                        dtype=torch.float64)
+    dist.all_reduce(gaps, op=dist.ReduceOp.MAX)
+    out["fused"] = {"out_gap": float(gaps[0]), "grad_gap": float(gaps[1])}
     return out
 
 
