@@ -560,7 +560,7 @@ def _ring(config: TourConfig, rank: int) -> dict[str, Any]:
     local = [shard_sequence(t, rank, WORLD_SIZE).requires_grad_() for t in (q, k, v)]
     y = ring_attention(*local, causal=True, kernel="fused")
     grads = torch.autograd.grad((y * shard_sequence(seed, rank, WORLD_SIZE)).sum(), local)
-    gaps = torch.tensor([float((y - shard_sequence(ref, rank, WORLD_SIZE)).abs().max()),
+    gaps = torch.tensor([float((y.detach() - shard_sequence(ref, rank, WORLD_SIZE)).abs().max()),
                          max(float((g - shard_sequence(rg, rank, WORLD_SIZE)).abs().max())
                              for g, rg in zip(grads, ref_grads, strict=True))],
                         dtype=torch.float64)
