@@ -10,6 +10,7 @@ parameter is stepped, the weights must agree bit for bit.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -201,6 +202,110 @@ def uneven() -> dict:
     return out
 
 
+class Mixed(nn.Module):
+    """Float32 and float64 parameters: one flat buffer per owner and dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.randn(6)), nn.Parameter(torch.randn(4).double())
+        self.c, self.d = nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(2).double())
+
+    def forward(self) -> torch.Tensor:
+        return sum((p.double() ** 2).sum() * (i + 1) for i, p in enumerate(self.parameters()))
+
+
+def layout(optimizer: ShardedOptimizer) -> list[dict]:
+    """Each bucket: its owner, dtype and size, and whether its parameters' data are the
+    consecutive slices of its flat buffer (the same storage, at their offsets)."""
+    out = []
+    for bucket in optimizer.buckets:
+        base, size = bucket.flat.data_ptr(), bucket.flat.element_size()
+        out.append({"owner": bucket.owner, "dtype": bucket.flat.dtype,
+                    "numel": bucket.flat.numel(), "offsets": list(bucket.offsets),
+                    "ptrs": [p.data_ptr() for p in bucket.params],
+                    "views": all(p.data_ptr() == base + size * i and p.untyped_storage().data_ptr()
+                                 == bucket.flat.untyped_storage().data_ptr()
+                                 for p, i in zip(bucket.params, bucket.offsets, strict=False)),
+                    "values": all(torch.equal(p.detach().reshape(-1), bucket.flat[i:j])
+                                  for p, i, j in zip(bucket.params, bucket.offsets,
+                                                     bucket.offsets[1:], strict=False))})
+    return out
+
+
+def counted_step(optimizer: torch.optim.Optimizer) -> list[tuple[int, int, int]]:
+    """optimizer.step() with torch.distributed.broadcast counted: (src, numel, data_ptr)."""
+    calls, original = [], dist.broadcast
+
+    def broadcast(tensor, src, *args, **kwargs):
+        calls.append((src, tensor.numel(), tensor.data_ptr()))
+        return original(tensor, src, *args, **kwargs)
+
+    dist.broadcast = broadcast
+    try:
+        optimizer.step()
+    finally:
+        dist.broadcast = original
+    return calls
+
+
+def bucket_views(rank: int) -> dict:
+    """The flat buffers: the tiny GPT with a late group (add_param_group extends the
+    buckets), Mixed (two dtypes), and parameters whose p.data is replaced after construction
+    (on rank 1 only: a copy, then another dtype on both ranks)."""
+    out: dict = {}
+    model = build_model(MODEL, SEED, "float64")
+    before = {name: p for name, p in model.named_parameters()}
+    optimizer = make("ours", model, late_group=True)
+    out["same_objects"] = all(p is before[name] for name, p in model.named_parameters())
+    out["gpt_numbers"] = (sum(p.numel() for p in before.values()), len(before))
+    out["gpt"] = layout(optimizer)
+    run_steps(model, optimizer, torch.Generator().manual_seed(SEED), 1)
+    out["gpt_calls"] = counted_step(optimizer)
+    out["gpt_after"] = layout(optimizer)
+    out["gpt_buckets"] = [(b.owner, b.flat.data_ptr(), b.flat.numel()) for b in optimizer.buckets]
+
+    torch.manual_seed(SEED)
+    models = {"plain": Mixed(), "ours": Mixed()}
+    models["ours"].load_state_dict(models["plain"].state_dict())
+    opts = {"plain": torch.optim.AdamW(models["plain"].parameters(), **ADAMW),
+            "ours": ShardedOptimizer(models["ours"].parameters(), torch.optim.AdamW, **ADAMW)}
+    for kind in ("plain", "ours"):
+        opts[kind].zero_grad()
+        models[kind]().backward()
+    opts["plain"].step()
+    out["mixed_calls"] = counted_step(opts["ours"])
+    out["mixed"] = layout(opts["ours"])
+    out["mixed_equal"] = all(torch.equal(p, q) for p, q in zip(
+        models["plain"].parameters(), models["ours"].parameters(), strict=True))
+
+    torch.manual_seed(SEED)
+    models = {"plain": Uneven().double(), "ours": Uneven().double()}
+    models["ours"].load_state_dict(models["plain"].state_dict())
+    opts = {"plain": torch.optim.AdamW(models["plain"].parameters(), **ADAMW),
+            "ours": ShardedOptimizer(models["ours"].parameters(), torch.optim.AdamW, **ADAMW)}
+    if rank == 1:  # a: owned by rank 0, b: owned by rank 1 (see test_sizes_that_do_not_...)
+        for p in (models["ours"].a, models["ours"].b):
+            p.data = p.data.clone()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            for kind, m in models.items():
+                opts[kind].zero_grad()
+                m().backward()
+                opts[kind].step()
+    out["replaced_equal"] = torch.equal(flat(models["ours"]), flat(models["plain"]))
+    out["replaced_warnings"] = [str(w.message) for w in caught
+                                if "ShardedOptimizer" in str(w.message)]
+    out["replaced_layout"] = layout(opts["ours"])
+    opts["ours"].zero_grad(set_to_none=True)  # no step for c: refused before any broadcast
+    models["ours"].c.data = models["ours"].c.data.float()
+    try:
+        opts["ours"].step()
+    except ValueError as error:
+        out["replaced_dtype"] = str(error)
+    return out
+
+
 def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank,
@@ -214,6 +319,7 @@ def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
         res["ddp_torch"] = data_parallel(rank, world_size, ours=False)
         res["checkpoint"] = checkpoint(rank)
         res["uneven"] = uneven()
+        res["views"] = bucket_views(rank)
         try:
             ShardedOptimizer(nn.Linear(2, 2).parameters(), ShardedOptimizer, lr=0.1)
         except TypeError as error:
@@ -332,3 +438,43 @@ def test_partition_rule():
         partition_parameters([1.5], 2)
     with pytest.raises(ValueError, match="start must give 2 numbers"):
         partition_parameters([1], 2, start=[0])
+
+
+def test_parameters_are_views_of_one_flat_buffer_per_owner(launch):
+    for res in launch:
+        run = res["views"]
+        assert run["same_objects"]  # the model's own Parameter objects, not copies
+        gpt = run["gpt"]
+        assert [b["owner"] for b in gpt] == [0, 1]  # one float64 buffer per owner
+        assert all(b["views"] and b["values"] for b in gpt)
+        # the late group's parameters are in the buffers too: every parameter, once
+        assert sum(b["numel"] for b in gpt) == run["gpt_numbers"][0]
+        assert sum(len(b["ptrs"]) for b in gpt) == run["gpt_numbers"][1]
+        # a step: one broadcast per owner, of the buffer itself (no packed copy), and the
+        # parameters are still the same slices of the same buffers
+        assert run["gpt_calls"] == [(r, n, ptr) for r, ptr, n in run["gpt_buckets"]]
+        assert [b["ptrs"] for b in run["gpt_after"]] == [b["ptrs"] for b in gpt]
+        assert all(b["views"] and b["values"] for b in run["gpt_after"])
+        # two dtypes: one buffer and one broadcast per owner and dtype
+        mixed = run["mixed"]
+        assert sorted((b["owner"], str(b["dtype"])) for b in mixed) == [
+            (0, "torch.float32"), (0, "torch.float64"), (1, "torch.float32"),
+            (1, "torch.float64")]
+        assert [(src, n) for src, n, _ in run["mixed_calls"]] == [
+            (b["owner"], b["numel"]) for b in mixed]
+        assert all(b["views"] for b in mixed) and run["mixed_equal"]
+
+
+def test_replaced_parameter_data_falls_back_to_copies(launch):
+    for rank, res in enumerate(launch):
+        run = res["views"]
+        assert run["replaced_equal"]  # still AdamW's weights, bit for bit, on both ranks
+        if rank == 1:  # only rank 1 replaced a and b: it warns once and copies them
+            assert len(run["replaced_warnings"]) == 1
+            assert "2 parameter(s) no longer share the flat buffer" in run["replaced_warnings"][0]
+            assert not all(b["views"] for b in run["replaced_layout"])
+        else:
+            assert run["replaced_warnings"] == []
+            assert all(b["views"] for b in run["replaced_layout"])
+        assert "build the optimizer after converting the model" in run["replaced_dtype"]
+        assert "torch.float32" in run["replaced_dtype"]

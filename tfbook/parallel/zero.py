@@ -9,10 +9,27 @@ parameter is broadcast from the rank that owns it, so all replicas hold the new 
     owner(w) = the rank with the fewest numbers so far, parameters taken largest first
                (`partition_parameters`)
     rank r:  inner optimizer over {w : owner(w) = r}      # state: K N / p numbers, not K N
-    step():  inner.step();  for every rank r: broadcast(its parameters packed flat, src=r)
+    step():  inner.step();  for every rank r: broadcast(flat[r], src=r)
 
 The gradients must already be averaged (DDP, or `DDPOverlap`); the update of each weight is
 the same elementwise AdamW as unsharded, so the weights agree bit for bit.
+
+The parameters live in flat buffers (as `parameters_as_bucket_view=True` in torch's
+ZeroRedundancyOptimizer): at construction, and again for the parameters `add_param_group`
+brings, the parameters of each owner and dtype are copied into one flat vector `flat[r]`
+(`ShardedOptimizer.buckets`) and each parameter's storage becomes a slice of it
+(`p.data = flat[r][i:j].view_as(p)`). They stay the same `Parameter` objects, with the same
+values and gradients, so the model and every reference to them see the new weights; the
+owner's inner step writes into `flat[r]`, and one broadcast of `flat[r]` writes straight into
+the other ranks' parameters, with nothing packed or copied back. So a parameter's storage is
+now its bucket's: `p.untyped_storage()` is the whole buffer (`torch.save(p)` alone saves the
+whole bucket; a model's state_dict saves each bucket once). In-place changes
+(`load_state_dict`, `p.copy_`, `p.mul_`) keep the views. If a caller later replaces `p.data`
+(e.g. `p.data = p.data.clone()`), `step` notices (the parameter's data pointer is no longer
+its slice's) and broadcasts that parameter through a copy: the owner copies it into its slice
+before the broadcast, the others copy it out after, which is correct but slower, and warns
+once. A replacement of another shape, dtype or device (`model.half()` or `.to(device)` after
+construction) is refused at the next step: build the optimizer after converting the model.
 
 Use inside a process group the caller set up (gloo here):
 
@@ -26,8 +43,9 @@ gathers the shares on rank 0, where `state_dict()` is then the state dict of an 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -61,10 +79,21 @@ def partition_parameters(numels: Sequence[int], world_size: int,
     return owners
 
 
+class Bucket(NamedTuple):
+    """One owner's parameters of one dtype and device, stored in one flat vector: parameter
+    `params[k]` is `flat[offsets[k]:offsets[k + 1]].view_as(params[k])`."""
+
+    owner: int
+    flat: Tensor  # (numbers of its parameters,)
+    params: list[Tensor]
+    offsets: list[int]  # len(params) + 1
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1: each rank builds `optimizer_cls(**kwargs)` over its share of the
     parameters (shares balanced by number of elements, `partition_parameters`), steps it, and
-    broadcasts its updated parameters (one flat vector per owner and dtype). Parameter groups
+    broadcasts its updated parameters: one flat vector per owner and dtype, which the
+    parameters are views of (`buckets`; see the module's docstring). Parameter groups
     and `add_param_group` work as in any torch optimizer; hyperparameters changed in
     `param_groups` (a scheduler) reach the inner optimizer at the next step. Checkpoints:
     `consolidate_state_dict(to)`, then `state_dict()` on rank `to`; `load_state_dict` on all."""
@@ -92,7 +121,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.inner: torch.optim.Optimizer | None = None  # built with this rank's first share
         self._inner_groups: list[tuple[int, int]] = []  # (our group index, inner group index)
         self._consolidated: dict[str, Any] | None = None  # the whole state, on rank `to`
-        self._broadcasts: list[tuple[int, list[Tensor]]] | None = None  # (owner, parameters)
+        self.buckets: list[Bucket] = []  # the flat buffers the parameters are views of
+        self._warned_copy = False  # warned that a parameter's data was replaced
         super().__init__(params, defaults=kwargs)  # calls add_param_group for each group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -117,7 +147,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for p, r in zip(group["params"], owners, strict=True):
             self.owner[id(p)] = r
             self.shard_numel[r] += p.numel()
-        self._broadcasts = None  # to be planned again with this group's parameters
+        self._bucket_parameters()
         mine = [p for p in group["params"] if self.owner[id(p)] == self.rank]
         if not mine:  # every parameter of this group went to other ranks
             return
@@ -143,34 +173,88 @@ class ShardedOptimizer(torch.optim.Optimizer):
         elif closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # one broadcast per owner and dtype: its parameters packed into one flat vector
-        sent = []
-        for r, params in self._broadcast_plan():
-            if r == self.rank:
-                flat = torch.cat([p.detach().reshape(-1) for p in params])  # (their numbers,)
-            else:
-                flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
-                                   device=params[0].device)
-            sent.append((dist.broadcast(flat, src=r, async_op=True), r, params, flat))
-        for handle, r, params, flat in sent:
+        # one broadcast per owner and dtype, of the flat buffer its parameters are views of:
+        # the owner's step wrote into it, the broadcast writes into the others' parameters
+        replaced = self._replaced()  # none, unless a caller replaced some p.data
+        self._copy_replaced(replaced, into_flat=True)
+        handles = [dist.broadcast(bucket.flat, src=bucket.owner, async_op=True)
+                   for bucket in self.buckets]
+        for handle in handles:
             handle.wait()
-            if r != self.rank:
-                for p, value in zip(params, flat.split([p.numel() for p in params]),
-                                    strict=True):
-                    p.copy_(value.view_as(p))
+        self._copy_replaced(replaced, into_flat=False)
         return loss
 
-    def _broadcast_plan(self) -> list[tuple[int, list[Tensor]]]:
-        """(owner, its parameters of one dtype) in the same order on every rank."""
-        if self._broadcasts is None:
-            params = [p for group in self.param_groups for p in group["params"]]
-            plan = []
-            for r in range(self.world_size):
-                mine = [p for p in params if self.owner[id(p)] == r]
-                for dtype in dict.fromkeys(p.dtype for p in mine):
-                    plan.append((r, [p for p in mine if p.dtype == dtype]))
-            self._broadcasts = plan
-        return self._broadcasts
+    def _bucket_parameters(self) -> None:
+        """Put every parameter into the flat buffer of its owner, dtype and device (the same
+        order on every rank: param_groups and owners agree), and make it a view of its slice.
+        Called by add_param_group: buckets that gain parameters are built anew, the values
+        of the parameters they already held copied over."""
+        keys: dict[tuple[int, torch.dtype, torch.device], list[Tensor]] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                keys.setdefault((self.owner[id(p)], p.dtype, p.device), []).append(p)
+        kept = {(b.owner, b.flat.dtype, b.flat.device): b for b in self.buckets}
+        buckets = []
+        for r in range(self.world_size):  # by owner, then dtypes in order of first use
+            for (owner, dtype, device), params in keys.items():
+                if owner != r:
+                    continue
+                old = kept.get((owner, dtype, device))
+                if old is not None and len(old.params) == len(params) and all(
+                        a is b for a, b in zip(old.params, params, strict=True)):
+                    buckets.append(old)
+                    continue
+                offsets = [0]
+                for p in params:
+                    offsets.append(offsets[-1] + p.numel())
+                flat = torch.empty(offsets[-1], dtype=dtype, device=device)
+                for p, i, j in zip(params, offsets, offsets[1:], strict=False):
+                    flat[i:j].copy_(p.detach().reshape(-1))
+                for p, i, j in zip(params, offsets, offsets[1:], strict=False):
+                    p.data = flat[i:j].view_as(p)
+                buckets.append(Bucket(owner, flat, params, offsets))
+        self.buckets = buckets
+
+    def _replaced(self) -> list[tuple[Bucket, list[int]]]:
+        """(bucket, indices) of the parameters that are no longer views of their slice of the
+        flat buffer (a caller replaced p.data); refused if the replacement has another shape,
+        dtype or device. One data_ptr() per parameter and step."""
+        replaced = []
+        for bucket in self.buckets:
+            base, size = bucket.flat.data_ptr(), bucket.flat.element_size()
+            moved = [k for k, p in enumerate(bucket.params)
+                     if p.numel() > 0 and p.data_ptr() != base + size * bucket.offsets[k]]
+            for k in moved:
+                p, n = bucket.params[k], bucket.offsets[k + 1] - bucket.offsets[k]
+                if (p.numel(), p.dtype, p.device) != (n, bucket.flat.dtype, bucket.flat.device):
+                    raise ValueError(
+                        f"ShardedOptimizer: a parameter's data was replaced after construction "
+                        f"by {p.numel()} numbers, {p.dtype}, on {p.device}; it held {n} "
+                        f"numbers, {bucket.flat.dtype}, on {bucket.flat.device} (e.g. "
+                        f"model.half() or .to(device) after building the optimizer): build "
+                        f"the optimizer after converting the model")
+            if moved:
+                replaced.append((bucket, moved))
+        if replaced and not self._warned_copy:
+            self._warned_copy = True
+            warnings.warn(f"ShardedOptimizer: {sum(len(m) for _, m in replaced)} parameter(s) "
+                          f"no longer share the flat buffer their owner broadcasts (p.data was "
+                          f"replaced after construction); they are copied into it and out of it "
+                          f"at every step (correct, slower)", stacklevel=3)
+        return replaced
+
+    def _copy_replaced(self, replaced: list[tuple[Bucket, list[int]]], into_flat: bool) -> None:
+        """The packed broadcast's copies, for replaced parameters only: before the broadcast
+        the owner copies them into its flat buffer, after it the others copy them out."""
+        for bucket, moved in replaced:
+            if (bucket.owner == self.rank) != into_flat:
+                continue
+            for k in moved:
+                p, piece = bucket.params[k], bucket.flat[bucket.offsets[k]:bucket.offsets[k + 1]]
+                if into_flat:
+                    piece.copy_(p.detach().reshape(-1))
+                else:
+                    p.detach().copy_(piece.view_as(p))
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (the tensors of its inner optimizer)."""
