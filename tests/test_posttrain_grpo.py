@@ -311,7 +311,8 @@ def test_real_trainer_bf16_false_equals_ours_and_bf16_true_moves_the_loss(tmp_pa
     torch.testing.assert_close(fp32_on.detach(), ours_on, rtol=1e-5, atol=1e-6)
     bf16, bf16_on = _real_grpo_losses(tmp_path, _tiny_llama(0), inputs, bf16=True,
                                       loss_type=loss_type)
-    moved, moved_on = abs(float(bf16) - float(ours)), abs(float(bf16_on) - float(ours_on))
+    moved = abs(float(bf16.detach()) - float(ours))
+    moved_on = abs(float(bf16_on.detach()) - float(ours_on))
     print(f"{loss_type}: bf16=True moves the loss by {moved:.1e} off-policy (old log-probs "
           f"given), by {moved_on:.1e} on-policy (ratio 1: only the KL term moves)")
     # bfloat16 keeps 8 bits of mantissa: the log-probs move by about 1e-2 here, the loss far
