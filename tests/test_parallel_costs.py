@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.parallel_launch import spawn_scenarios
+from tests.parallel_launch import run_in_group
 from tfbook.models.gpt import GPT, GPTConfig, gpt_on_meta
 from tfbook.models.llama import smollm2_135m, tiny_llama
 from tfbook.models.params import count_parameters
@@ -125,87 +123,81 @@ def saved_bytes(params, run) -> tuple[object, int]:
     return out, sum(seen.values())
 
 
-def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=120))
+def _run(rank: int, world_size: int) -> dict:
     res: dict = {}
-    try:
-        counter = Counter()
-        g = torch.Generator().manual_seed(0)
-        batch = (torch.randint(0, MODEL.vocab_size, (B, T), generator=g),
-                 torch.randint(0, MODEL.vocab_size, (B, T), generator=g))
-        mine = shard_batch(batch, rank, world_size)
+    counter = Counter()
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randint(0, MODEL.vocab_size, (B, T), generator=g),
+             torch.randint(0, MODEL.vocab_size, (B, T), generator=g))
+    mine = shard_batch(batch, rank, world_size)
 
-        model = build_model(MODEL, 0)  # DDP: a replica, gradients all-reduced in buckets
-        wrapped = DDPOverlap(model, bucket_size_mb=0.01)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = build_model(MODEL, 0)  # DDP: a replica, gradients all-reduced in buckets
+    wrapped = DDPOverlap(model, bucket_size_mb=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    counter.reset()
+    lm_loss(wrapped, mine).backward()
+    wrapped.finish_gradient_synchronization()
+    optimizer.step()
+    res["DDP"] = {"passed": dict(counter.passed), "state": state_bytes(optimizer),
+                  "buckets": len(wrapped.buckets)}
+
+    model = build_model(MODEL, 0)  # ZeRO-1: the same, optimizer state sharded
+    wrapped = DDPOverlap(model, bucket_size_mb=0.01)
+    optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+    counter.reset()
+    lm_loss(wrapped, mine).backward()
+    wrapped.finish_gradient_synchronization()
+    optimizer.step()
+    res["ZeRO-1"] = {"passed": dict(counter.passed), "owned": counter.owned_broadcast,
+                     "state": optimizer.state_bytes(), "inner": state_bytes(optimizer.inner)}
+
+    model = build_model(MODEL, 0)  # FSDP: blocks and root sharded
+    wrapped = FSDP(model)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    counter.reset()
+    lm_loss(wrapped, mine).backward()
+    wrapped.finish_gradient_synchronization()
+    optimizer.step()
+    shards = list(wrapped.parameters())
+    res["FSDP"] = {"passed": dict(counter.passed), "state": state_bytes(optimizer),
+                   "shards": sum(t.numel() * t.element_size() for t in shards),
+                   "grads": sum(t.grad.numel() * t.grad.element_size() for t in shards),
+                   "layout": [(u.name, u.numel, u.padded) for u in wrapped.layout]}
+
+    model = build_model(MODEL, 0)  # tensor parallel: every block split, whole batch
+    split = tensor_parallel_model(model)
+    counter.reset()
+    loss, kept = saved_bytes(list(split.parameters()), lambda: F.cross_entropy(
+        split(batch[0]).logits.flatten(0, 1), batch[1].flatten()))
+    loss.backward()
+    res["tensor"] = {"passed": dict(counter.passed), "activations": kept,
+                     "weights": sum(p.numel() * p.element_size()
+                                    for p in split.parameters())}
+
+    for schedule in ("gpipe", "1f1b"):  # pipeline: one stage per rank, M micro-batches
+        model = build_model(MODEL, 0)
+        stage = GPTStage(model, rank, world_size)
+        optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-3)
         counter.reset()
-        lm_loss(wrapped, mine).backward()
-        wrapped.finish_gradient_synchronization()
+        stats = pipeline_step(stage, *batch, n_micro=M, schedule=schedule)
+        sync_tied_gradients(stage)
         optimizer.step()
-        res["DDP"] = {"passed": dict(counter.passed), "state": state_bytes(optimizer),
-                      "buckets": len(wrapped.buckets)}
+        res["pipeline", schedule] = {"passed": dict(counter.passed), "state": state_bytes(
+            optimizer), "peak": stats.peak_activations}
 
-        model = build_model(MODEL, 0)  # ZeRO-1: the same, optimizer state sharded
-        wrapped = DDPOverlap(model, bucket_size_mb=0.01)
-        optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
-        counter.reset()
-        lm_loss(wrapped, mine).backward()
-        wrapped.finish_gradient_synchronization()
-        optimizer.step()
-        res["ZeRO-1"] = {"passed": dict(counter.passed), "owned": counter.owned_broadcast,
-                         "state": optimizer.state_bytes(), "inner": state_bytes(optimizer.inner)}
-
-        model = build_model(MODEL, 0)  # FSDP: blocks and root sharded
-        wrapped = FSDP(model)
-        optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-        counter.reset()
-        lm_loss(wrapped, mine).backward()
-        wrapped.finish_gradient_synchronization()
-        optimizer.step()
-        shards = list(wrapped.parameters())
-        res["FSDP"] = {"passed": dict(counter.passed), "state": state_bytes(optimizer),
-                       "shards": sum(t.numel() * t.element_size() for t in shards),
-                       "grads": sum(t.grad.numel() * t.grad.element_size() for t in shards),
-                       "layout": [(u.name, u.numel, u.padded) for u in wrapped.layout]}
-
-        model = build_model(MODEL, 0)  # tensor parallel: every block split, whole batch
-        split = tensor_parallel_model(model)
-        counter.reset()
-        loss, kept = saved_bytes(list(split.parameters()), lambda: F.cross_entropy(
-            split(batch[0]).logits.flatten(0, 1), batch[1].flatten()))
-        loss.backward()
-        res["tensor"] = {"passed": dict(counter.passed), "activations": kept,
-                         "weights": sum(p.numel() * p.element_size()
-                                        for p in split.parameters())}
-
-        for schedule in ("gpipe", "1f1b"):  # pipeline: one stage per rank, M micro-batches
-            model = build_model(MODEL, 0)
-            stage = GPTStage(model, rank, world_size)
-            optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-3)
-            counter.reset()
-            stats = pipeline_step(stage, *batch, n_micro=M, schedule=schedule)
-            sync_tied_gradients(stage)
-            optimizer.step()
-            res["pipeline", schedule] = {"passed": dict(counter.passed), "state": state_bytes(
-                optimizer), "peak": stats.peak_activations}
-
-        torch.manual_seed(1)  # ring attention of one block's shapes: (B, H, T, D), causal
-        H, D = MODEL.n_heads, MODEL.d_model // MODEL.n_heads
-        q, k, v = (shard_sequence(torch.randn(B, H, T, D), rank, world_size).requires_grad_()
-                   for _ in range(3))
-        counter.reset()
-        ring_attention(q, k, v, causal=True).sum().backward()
-        res["ring"] = {"passed": dict(counter.passed)}
-        torch.save(res, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(1)  # ring attention of one block's shapes: (B, H, T, D), causal
+    H, D = MODEL.n_heads, MODEL.d_model // MODEL.n_heads
+    q, k, v = (shard_sequence(torch.randn(B, H, T, D), rank, world_size).requires_grad_()
+               for _ in range(3))
+    counter.reset()
+    ring_attention(q, k, v, causal=True).sum().backward()
+    res["ring"] = {"passed": dict(counter.passed)}
+    return res
 
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    return spawn_scenarios(_worker, tmp_path_factory.mktemp("costs"), world_size=P)
+    return run_in_group(_run, tmp_path_factory.mktemp("costs"), world_size=P)
 
 
 def workload(**changes) -> Workload:

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from tests.parallel_launch import spawn_scenarios
+from tests.parallel_launch import run_in_group
 from tfbook.parallel.ddp import DDPOverlap
 from tfbook.parallel.fsdp import FSDP
 from tfbook.parallel.zero import ShardedOptimizer
@@ -313,37 +311,31 @@ def torch_linear(rank: int) -> dict:
             "grads": [p.grad.dtype for p in fsdp.parameters()]}
 
 
-def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
+def _run(rank: int, world_size: int) -> dict:
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=120))
     dist.barrier()
     warnings.simplefilter("error")  # no warning may come out of our wrappers
     res: dict = {}
-    try:
-        for model_cls in (Frozen, Tied):
-            for name, mb in BUCKETS_MB.items():
-                res["ddp", model_cls.__name__, name] = ddp_run(model_cls, mb, rank, world_size)
-            for opt_name, opt_cls, kwargs in (("adamw", torch.optim.AdamW, ADAMW),
-                                              ("sgd", torch.optim.SGD, {"lr": 0.01,
-                                                                        "momentum": 0.9})):
-                res["zero", model_cls.__name__, opt_name] = sharded_run(model_cls, opt_cls,
-                                                                        kwargs)
-        for name, dtype, cast, bias in FSDP_CASES:
-            res["fsdp", name] = fsdp_run(dtype, cast, bias, rank, world_size)
-            res["fsdp_grads", name] = fsdp_gradients(dtype, cast, bias, rank)
-        res["torch_linear"] = torch_linear(rank)
-        same = FSDP(Flat(**FSDP_SHAPES), compute_dtype=torch.float32)  # the master dtype
-        res["same_dtype_groups"] = [u.full_precision for u in same.layout]
-        torch.save(res, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    for model_cls in (Frozen, Tied):
+        for name, mb in BUCKETS_MB.items():
+            res["ddp", model_cls.__name__, name] = ddp_run(model_cls, mb, rank, world_size)
+        for opt_name, opt_cls, kwargs in (("adamw", torch.optim.AdamW, ADAMW),
+                                          ("sgd", torch.optim.SGD, {"lr": 0.01,
+                                                                    "momentum": 0.9})):
+            res["zero", model_cls.__name__, opt_name] = sharded_run(model_cls, opt_cls,
+                                                                    kwargs)
+    for name, dtype, cast, bias in FSDP_CASES:
+        res["fsdp", name] = fsdp_run(dtype, cast, bias, rank, world_size)
+        res["fsdp_grads", name] = fsdp_gradients(dtype, cast, bias, rank)
+    res["torch_linear"] = torch_linear(rank)
+    same = FSDP(Flat(**FSDP_SHAPES), compute_dtype=torch.float32)  # the master dtype
+    res["same_dtype_groups"] = [u.full_precision for u in same.layout]
+    return res
 
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    return spawn_scenarios(_worker, tmp_path_factory.mktemp("cs336"))
+    return run_in_group(_run, tmp_path_factory.mktemp("cs336"))
 
 
 DDP_CASES = [(m, b) for m in ("Frozen", "Tied") for b in BUCKETS_MB]

@@ -10,8 +10,6 @@ the rounding bound of a sum of B T terms, float64 weights after three AdamW step
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from tests.parallel_launch import spawn_scenarios
+from tests.parallel_launch import run_in_group
 from tfbook.models.gpt import GPTConfig
 from tfbook.parallel.ddp import (
     DDPOverlap,
@@ -85,53 +83,47 @@ def grads_of(model: nn.Module) -> dict:
     return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=120))
+def _run(rank: int, world_size: int) -> dict:
     res: dict = {}
+    for dtype in ("float64", "float32"):
+        res[dtype, "torch"] = train(dtype, DistributedDataParallel, rank, world_size)
+        for name, mb in BUCKETS_MB.items():
+            if dtype == "float32" and name == "small":
+                continue
+            res[dtype, name] = train(dtype, lambda m, mb=mb: DDPOverlap(m, mb),
+                                     rank, world_size)
+    res["no_overlap"] = train("float64", lambda m: DDPOverlap(m, 1e-4, overlap=False),
+                              rank, world_size)
+    # each rank builds another model: the broadcast makes rank 0's the start everywhere
+    res["rank_seeds"] = train("float64", lambda m: DDPOverlap(m, 1e-4), rank, world_size,
+                              seed=SEED + rank)
+
+    torch.manual_seed(rank)  # each rank builds other weights and sees other inputs
+    partly = Partly().double()
+    ddp = DDPOverlap(partly, 1e-4)
+    start = {n: p.detach().clone() for n, p in partly.named_parameters()}
+    ddp(torch.randn(2, 3, dtype=torch.float64), rank).backward()
+    local = grads_of(partly)
+    ddp.finish_gradient_synchronization()
+    res["partly"] = {"start": start, "local": local, "grads": grads_of(partly)}
+
+    try:  # another architecture on rank 1
+        DDPOverlap(nn.Linear(3, 3 + rank))
+    except ValueError as error:
+        res["mismatch"] = str(error)
+    # a second backward without finish_gradient_synchronization in between
+    ddp(torch.randn(2, 3, dtype=torch.float64), rank).backward()
     try:
-        for dtype in ("float64", "float32"):
-            res[dtype, "torch"] = train(dtype, DistributedDataParallel, rank, world_size)
-            for name, mb in BUCKETS_MB.items():
-                if dtype == "float32" and name == "small":
-                    continue
-                res[dtype, name] = train(dtype, lambda m, mb=mb: DDPOverlap(m, mb),
-                                         rank, world_size)
-        res["no_overlap"] = train("float64", lambda m: DDPOverlap(m, 1e-4, overlap=False),
-                                  rank, world_size)
-        # each rank builds another model: the broadcast makes rank 0's the start everywhere
-        res["rank_seeds"] = train("float64", lambda m: DDPOverlap(m, 1e-4), rank, world_size,
-                                  seed=SEED + rank)
-
-        torch.manual_seed(rank)  # each rank builds other weights and sees other inputs
-        partly = Partly().double()
-        ddp = DDPOverlap(partly, 1e-4)
-        start = {n: p.detach().clone() for n, p in partly.named_parameters()}
         ddp(torch.randn(2, 3, dtype=torch.float64), rank).backward()
-        local = grads_of(partly)
-        ddp.finish_gradient_synchronization()
-        res["partly"] = {"start": start, "local": local, "grads": grads_of(partly)}
-
-        try:  # another architecture on rank 1
-            DDPOverlap(nn.Linear(3, 3 + rank))
-        except ValueError as error:
-            res["mismatch"] = str(error)
-        # a second backward without finish_gradient_synchronization in between
-        ddp(torch.randn(2, 3, dtype=torch.float64), rank).backward()
-        try:
-            ddp(torch.randn(2, 3, dtype=torch.float64), rank).backward()
-        except RuntimeError as error:
-            res["twice"] = str(error)
-        ddp.finish_gradient_synchronization()
-        torch.save(res, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    except RuntimeError as error:
+        res["twice"] = str(error)
+    ddp.finish_gradient_synchronization()
+    return res
 
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    return spawn_scenarios(_worker, tmp_path_factory.mktemp("ddp"))
+    return run_in_group(_run, tmp_path_factory.mktemp("ddp"))
 
 
 def max_diff(a: dict, b: dict) -> float:

@@ -12,14 +12,12 @@ only checked to lie in [0, 1) and printed.
 """
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
+from tests.parallel_launch import run_in_group  # one launch, results per rank
 from tfbook.losses import cross_entropy
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.pipeline import (
@@ -79,31 +77,26 @@ def _scenarios(rank: int, config: GPTConfig, idx: torch.Tensor, targets: torch.T
     return out
 
 
-def _worker(rank: int, world_size: int, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    try:
-        g = torch.Generator().manual_seed(0)
-        idx = torch.randint(0, TINY.vocab_size, (B, T), generator=g)
-        targets = torch.randint(0, TINY.vocab_size, (B, T), generator=g)
-        results = {name: _scenarios(rank, c, idx, targets) for name, c in CONFIGS.items()}
-        bubbles = {}
-        idx = torch.randint(0, 512, (BUBBLE_B, BUBBLE_T), generator=g)
-        for schedule in ("gpipe", "1f1b"):
-            for m in BUBBLE_MICRO:
-                stage = GPTStage(build_model(BUBBLE_MODEL, seed=5), rank, 2)
-                stats = pipeline_step(stage, idx, idx, m, schedule)
-                bubbles[schedule, m] = (stats.bubble, stats.peak_activations, len(stats.ops),
-                                        stats.op_times)
-        results["bubbles"] = bubbles
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _run(rank: int, world_size: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, TINY.vocab_size, (B, T), generator=g)
+    targets = torch.randint(0, TINY.vocab_size, (B, T), generator=g)
+    results = {name: _scenarios(rank, c, idx, targets) for name, c in CONFIGS.items()}
+    bubbles = {}
+    idx = torch.randint(0, 512, (BUBBLE_B, BUBBLE_T), generator=g)
+    for schedule in ("gpipe", "1f1b"):
+        for m in BUBBLE_MICRO:
+            stage = GPTStage(build_model(BUBBLE_MODEL, seed=5), rank, 2)
+            stats = pipeline_step(stage, idx, idx, m, schedule)
+            bubbles[schedule, m] = (stats.bubble, stats.peak_activations, len(stats.ops),
+                                    stats.op_times)
+    results["bubbles"] = bubbles
+    return results
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return spawn_scenarios(_worker, tmp_path_factory.mktemp("pipeline"))
+    return run_in_group(_run, tmp_path_factory.mktemp("pipeline"))
 
 
 def _reference_name(name: str, config: str) -> str:

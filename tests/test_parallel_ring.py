@@ -8,14 +8,12 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
+from tests.parallel_launch import run_in_group  # one launch, results per rank
 from tests.test_flash import derived_bounds  # entrywise first-order rounding bounds
 from tfbook.attention import attend
 from tfbook.masks import causal_mask
@@ -60,46 +58,40 @@ def simulated(q, k, v, g_out, p: int, causal: bool, layout: str, kernel: str = "
     return out.detach(), torch.autograd.grad((out * g_out).sum(), leaves), work
 
 
-def _worker(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
+def _run(rank: int, world_size: int) -> dict:
     """One rank: every scenario through the real ring, results saved for the tests to read."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+    results: dict[str, list] = {kernel: [] for kernel in ring.KERNELS}
+    for (i, (causal, layout, H, H_kv)), kernel in itertools.product(enumerate(SCENARIOS),
+                                                                     ring.KERNELS):
+        q, k, v, g_out = inputs(4 * WORLD, H, H_kv, seed=i)
+        local = [shard_sequence(t, rank, WORLD, layout).requires_grad_() for t in (q, k, v)]
+        work = RingWork()
+        out = ring_attention(*local, causal=causal, layout=layout, work=work, kernel=kernel)
+        grads = torch.autograd.grad((out * shard_sequence(g_out, rank, WORLD, layout)).sum(),
+                                    local)
+        # the simulation in the same process (same threads): must give the same numbers
+        sim_out, sim_grads, sim_work = simulated(q, k, v, g_out, WORLD, causal, layout,
+                                                 kernel)
+        same = (torch.equal(out, shard_sequence(sim_out, rank, WORLD, layout))
+                and all(torch.equal(a, shard_sequence(b, rank, WORLD, layout))
+                        for a, b in zip(grads, sim_grads, strict=True))
+                and sim_work[rank] == work)
+        results[kernel].append({"out": out.detach(), "grads": [t.detach() for t in grads],
+                        "work": (work.forward, work.backward, work.scores),
+                        "same_as_simulation": same})
+    errors = {}
+    q, k, v, _ = inputs(6, 2, 2)  # 3 tokens per rank: zig-zag needs an even share
     try:
-        results: dict[str, list] = {kernel: [] for kernel in ring.KERNELS}
-        for (i, (causal, layout, H, H_kv)), kernel in itertools.product(enumerate(SCENARIOS),
-                                                                         ring.KERNELS):
-            q, k, v, g_out = inputs(4 * WORLD, H, H_kv, seed=i)
-            local = [shard_sequence(t, rank, WORLD, layout).requires_grad_() for t in (q, k, v)]
-            work = RingWork()
-            out = ring_attention(*local, causal=causal, layout=layout, work=work, kernel=kernel)
-            grads = torch.autograd.grad((out * shard_sequence(g_out, rank, WORLD, layout)).sum(),
-                                        local)
-            # the simulation in the same process (same threads): must give the same numbers
-            sim_out, sim_grads, sim_work = simulated(q, k, v, g_out, WORLD, causal, layout,
-                                                     kernel)
-            same = (torch.equal(out, shard_sequence(sim_out, rank, WORLD, layout))
-                    and all(torch.equal(a, shard_sequence(b, rank, WORLD, layout))
-                            for a, b in zip(grads, sim_grads, strict=True))
-                    and sim_work[rank] == work)
-            results[kernel].append({"out": out.detach(), "grads": [t.detach() for t in grads],
-                            "work": (work.forward, work.backward, work.scores),
-                            "same_as_simulation": same})
-        errors = {}
-        q, k, v, _ = inputs(6, 2, 2)  # 3 tokens per rank: zig-zag needs an even share
-        try:
-            ring_attention(q[..., :3, :], k[..., :3, :], v[..., :3, :], layout="zigzag")
-        except ValueError as error:
-            errors["odd"] = str(error)
-        torch.save({"results": results, "errors": errors}, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        ring_attention(q[..., :3, :], k[..., :3, :], v[..., :3, :], layout="zigzag")
+    except ValueError as error:
+        errors["odd"] = str(error)
+    return {"results": results, "errors": errors}
 
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     """One launch of 2 gloo processes for every scenario -> [rank 0's, rank 1's] results."""
-    return spawn_scenarios(_worker, tmp_path_factory.mktemp("ring"), WORLD)
+    return run_in_group(_run, tmp_path_factory.mktemp("ring"), WORLD, timeout=60)
 
 
 def max_diff(a, b) -> float:

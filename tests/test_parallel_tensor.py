@@ -8,13 +8,10 @@ largest value (only the order of the sums in the split products differs). The co
 counted per block: 2 all-reduces forward, 2 backward.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from tests.parallel_launch import spawn_scenarios  # one launch, results per rank
+from tests.parallel_launch import run_in_group  # one launch, results per rank
 from tfbook.blocks import BlockConfig, SelfAttentionBlock
 from tfbook.models.gpt import GPT, GPTConfig
 from tfbook.parallel.tensor import (
@@ -95,20 +92,15 @@ def _model_scenario(rank: int) -> dict:
             "forward": forward_count, "backward": count.backward}
 
 
-def _worker(rank: int, world_size: int, init_method: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    try:
-        results = {name: _scenario(name, c, rank) for name, c in CONFIGS.items()}
-        results["model"] = _model_scenario(rank)
-        torch.save(results, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _run(rank: int, world_size: int) -> dict:
+    results = {name: _scenario(name, c, rank) for name, c in CONFIGS.items()}
+    results["model"] = _model_scenario(rank)
+    return results
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return spawn_scenarios(_worker, tmp_path_factory.mktemp("tensor"))
+    return run_in_group(_run, tmp_path_factory.mktemp("tensor"))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
