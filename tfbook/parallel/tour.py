@@ -68,6 +68,7 @@ from tfbook.train.distributed import (
     check_local_processes,
     check_shardable,
     free_port,
+    max_difference,
     passive_single_thread_children,
     shard_batch,
 )
@@ -127,11 +128,6 @@ class TourConfig:
 
 
 # ---- small helpers (run inside the processes) ----
-
-def _max_diff(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    """max |a - b| over every tensor of two dicts with the same names."""
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
 
 def _grads(model: nn.Module) -> dict[str, Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -207,11 +203,11 @@ def _ddp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
         single = _adamw_run(config, ids, dtype, lambda m: m, 0, 1)
         wrapper: DDPOverlap = ours["wrapped"]
         out[dtype] = {
-            "ours_vs_torch_grads": _max_diff(ours["grads"], theirs["grads"]),
-            "ours_vs_torch_weights": _max_diff(ours["weights"], theirs["weights"]),
-            "ours_vs_single_grads": _max_diff(ours["grads"], single["grads"]),
-            "ours_vs_single_weights": _max_diff(ours["weights"], single["weights"]),
-            "torch_vs_single_grads": _max_diff(theirs["grads"], single["grads"]),
+            "ours_vs_torch_grads": max_difference(ours["grads"], theirs["grads"]),
+            "ours_vs_torch_weights": max_difference(ours["weights"], theirs["weights"]),
+            "ours_vs_single_grads": max_difference(ours["grads"], single["grads"]),
+            "ours_vs_single_weights": max_difference(ours["weights"], single["weights"]),
+            "torch_vs_single_grads": max_difference(theirs["grads"], single["grads"]),
             "grad_max": _abs_max(single["grads"]),
             "ranks_apart": _ranks_apart(ours["model"]),
             "n_buckets": len(wrapper.buckets),
@@ -225,8 +221,8 @@ def _ddp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
             later = _adamw_run(config, ids, dtype, lambda m: DDPOverlap(
                 m, config.bucket_size_mb, overlap=False), rank, WORLD_SIZE)
             out[dtype]["no_overlap"] = {
-                "vs_overlap_grads": _max_diff(later["grads"], ours["grads"]),
-                "vs_overlap_weights": _max_diff(later["weights"], ours["weights"]),
+                "vs_overlap_grads": max_difference(later["grads"], ours["grads"]),
+                "vs_overlap_weights": max_difference(later["weights"], ours["weights"]),
                 "timeline": [asdict(t) for t in later["wrapped"].timeline],
                 "backward_seconds": later["wrapped"].backward_seconds,
             }
@@ -260,8 +256,8 @@ def _zero(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
     torch_bytes, _ = _state_bytes(theirs["optimizer"].optim)
     params = list(ours["model"].parameters())
     return {
-        "ours_vs_plain_weights": _max_diff(ours["weights"], plain["weights"]),
-        "torch_vs_plain_weights": _max_diff(theirs["weights"], plain["weights"]),
+        "ours_vs_plain_weights": max_difference(ours["weights"], plain["weights"]),
+        "torch_vs_plain_weights": max_difference(theirs["weights"], plain["weights"]),
         "ranks_apart": _ranks_apart(ours["model"]),
         "plain_state_bytes": plain_bytes,  # every rank holds all of it
         "plain_state_tensors": plain_tensors,
@@ -333,9 +329,9 @@ def _fsdp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
         ours = _adamw_run(config, ids, dtype, FSDP, rank, WORLD_SIZE)
         state = ours["wrapped"].full_state_dict(rank0_only=False)
         out[dtype] = {
-            "vs_single_grads": _max_diff(fsdp_grads, one_grads),
+            "vs_single_grads": max_difference(fsdp_grads, one_grads),
             "grad_max": _abs_max(one_grads),
-            "vs_single_weights": _max_diff({k: state[k] for k in single["weights"]},
+            "vs_single_weights": max_difference({k: state[k] for k in single["weights"]},
                                            single["weights"]),
             "losses": ours["losses"],
             "single_losses": single["losses"],
@@ -352,7 +348,7 @@ def _fsdp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
 
             theirs = _adamw_run(config, ids, dtype, fsdp2, rank, WORLD_SIZE)
             torch_state = {k: v.full_tensor() for k, v in theirs["weights"].items()}
-            out[dtype]["vs_torch_weights"] = _max_diff(
+            out[dtype]["vs_torch_weights"] = max_difference(
                 {k: state[k] for k in torch_state}, torch_state)
             # the gathered weights load into a plain GPT, which computes what FSDP computes
             plain = GPT(config.model)
@@ -384,7 +380,7 @@ def _fsdp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
         # each flat group's gathered dtype: the matrices' and, kept apart, the vectors'
         "gathered_dtypes": sorted({("vectors" if u.layout.full_precision else "matrices",
                                     str(u.full.dtype)) for u in bf16["wrapped"]._units}),
-        "vs_float32_weights": _max_diff({k: bf16_state[k] for k in state}, state),
+        "vs_float32_weights": max_difference({k: bf16_state[k] for k in state}, state),
     }
     return out
 
@@ -478,7 +474,7 @@ def _pipeline(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
         else:
             schedule.step(target=targets)
         sync_tied_gradients(stage)
-        out[name]["vs_torch"] = _max_diff(runs[name], _grads(stage))
+        out[name]["vs_torch"] = max_difference(runs[name], _grads(stage))
         out[name]["torch_vs_single"] = max(float((g - one[name_in_one(n)]).abs().max())
                                            for n, g in _grads(stage).items())
     out["stage_params"] = _gather_ints(sum(p.numel() for p in GPTStage(
