@@ -67,6 +67,7 @@ from tfbook.train.distributed import (
     build_model,
     check_local_processes,
     check_shardable,
+    flat_parameters,
     free_port,
     max_difference,
     passive_single_thread_children,
@@ -151,7 +152,7 @@ def _gather_ints(value: int) -> list[int]:
 
 def _ranks_apart(model: nn.Module) -> float:
     """max |this rank's weights - rank 0's|, the largest over the ranks."""
-    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    flat = flat_parameters(model).double()  # (P,)
     rank0 = flat.clone()
     dist.broadcast(rank0, src=0)
     gap = torch.tensor([float((flat - rank0).abs().max())], dtype=torch.float64)
