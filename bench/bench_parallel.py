@@ -110,9 +110,10 @@ from tfbook.parallel.ring import (  # noqa: E402
     simulate_ring_attention,
 )
 from tfbook.parallel.tensor import tensor_parallel_block, tensor_parallel_model  # noqa: E402
-from tfbook.parallel.zero import ShardedOptimizer  # noqa: E402
+from tfbook.parallel.zero import ShardedOptimizer, optimizer_state_bytes  # noqa: E402
 from tfbook.train.distributed import (  # noqa: E402
     free_port,
+    max_difference,
     passive_single_thread_children,
     shard_batch,
 )
@@ -202,13 +203,6 @@ def median_wall(times: dict, name: str, per: int = 1) -> float:
 
 # ---- checks ----------------------------------------------------------------------------------
 
-def max_abs_diff(a: dict, b: dict) -> float:
-    """Largest |a - b| over the tensors of two dicts with the same keys."""
-    if a.keys() != b.keys():
-        raise ValueError(f"different keys: {sorted(set(a) ^ set(b))[:4]}")
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
 def max_abs(a: dict) -> float:
     return max(float(t.abs().max()) for t in a.values())
 
@@ -241,12 +235,6 @@ def count_collectives(fn) -> dict[str, int]:
         if event.key.startswith(("c10d::", "_c10d_functional::")) and "wait" not in event.key:
             counts[event.key] = event.count
     return counts
-
-
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the tensors an optimizer's state holds."""
-    return sum(t.numel() * t.element_size() for s in optimizer.state.values()
-               for t in s.values() if isinstance(t, torch.Tensor))
 
 
 def build(name: str, dtype: torch.dtype = torch.float32) -> GPT:
@@ -297,8 +285,8 @@ def bench_ddp(size: str, rank: int, rounds: int, bar) -> tuple[list[dict], dict]
             wrapped[k].finish_gradient_synchronization()
         first[k] = grads(models[k])
         opts[k].step()
-    diff = max(max_abs_diff(first[k], first["torch"]) for k in ("overlap", "no_overlap"))
-    diff = max(diff, max_abs_diff(weights(models["overlap"]), weights(models["torch"])))
+    diff = max(max_difference(first[k], first["torch"]) for k in ("overlap", "no_overlap"))
+    diff = max(diff, max_difference(weights(models["overlap"]), weights(models["torch"])))
     check = checked(f"{size}: averaged gradients and weights after a step, bit for bit", diff,
                     0.0)
     check["collectives_per_step"] = {k: {name: n // REPEAT[size] for name, n in
@@ -379,11 +367,12 @@ def bench_zero(rank: int, rounds: int, bar) -> list[dict]:
             "plain": torch.optim.AdamW(models["plain"].parameters(), **ADAMW)}
     for opt in opts.values():
         opt.step()
-    diff = max(max_abs_diff(weights(models[k]), weights(models["plain"]))
+    diff = max(max_difference(weights(models[k]), weights(models["plain"]))
                for k in ("ours", "torch", "torch_bucket_view"))
     check = checked("weights after a step equal the unsharded AdamW's, bit for bit", diff, 0.0)
     state = {"ours": opts["ours"].state_bytes(),
-             "torch": state_bytes(opts["torch"].optim), "plain": state_bytes(opts["plain"])}
+             "torch": optimizer_state_bytes(opts["torch"].optim),
+             "plain": optimizer_state_bytes(opts["plain"])}
     check = {**check, "collectives_per_step": {k: count_collectives(opt.step)
                                                for k, opt in opts.items()}}
     times = timed_rounds({k: opt.step for k, opt in opts.items()}, rounds, WARMUP, bar)
@@ -420,7 +409,7 @@ def bench_zero(rank: int, rounds: int, bar) -> list[dict]:
     for k in models:
         step(k)()
     check = checked("weights after a training step, bit for bit",
-                    max_abs_diff(weights(models["ours"]), weights(models["torch"])), 0.0)
+                    max_difference(weights(models["ours"]), weights(models["torch"])), 0.0)
     times = timed_rounds({k: step(k) for k in models}, rounds, WARMUP, bar)
     labels = {"ours": f"DDPOverlap({BUCKET_MB:g} MiB) + ShardedOptimizer(AdamW)",
               "torch": f"DistributedDataParallel({BUCKET_MB:g} MiB) + "
@@ -474,7 +463,7 @@ def bench_fsdp(rank: int, rounds: int, bar) -> list[dict]:
         # one AdamW step moves a weight by about lr, so compare to a quarter of lr
         tolerance = 3e-8 if compute is None else ADAMW["lr"] / 4
         check = checked(f"{name}: full weights after a training step",
-                        max_abs_diff(full_ours, full_theirs), tolerance)
+                        max_difference(full_ours, full_theirs), tolerance)
         check["loss_diff"] = abs(losses["ours"] - losses["torch"])
         times = timed_rounds({k: step(k) for k in models}, rounds, WARMUP, bar)
         labels = {"ours": f"FSDP(compute_dtype={compute}, cast='all')" if compute else "FSDP",
@@ -521,7 +510,7 @@ def bench_pipeline(rank: int, rounds: int, bar) -> list[dict]:
         # each loss divided by m before (ours) or the summed gradients after (torch's): a
         # power of two, which rounds nothing
         checks[schedule] = checked(f"pipeline {schedule}: gradients, bit for bit",
-                                   max_abs_diff(a, b), 0.0)
+                                   max_difference(a, b), 0.0)
     times = timed_rounds(fns, rounds, WARMUP, bar)
     labels = {"ours_gpipe": "pipeline_step(schedule='gpipe')", "torch_gpipe": "ScheduleGPipe",
               "ours_1f1b": "pipeline_step(schedule='1f1b')", "torch_1f1b": "Schedule1F1B"}

@@ -61,7 +61,7 @@ from tfbook.parallel.tensor import (
     tensor_parallel_block,
     tensor_parallel_model,
 )
-from tfbook.parallel.zero import ShardedOptimizer
+from tfbook.parallel.zero import ShardedOptimizer, optimizer_state_bytes
 from tfbook.train.data import random_windows
 from tfbook.train.distributed import (
     build_model,
@@ -233,9 +233,7 @@ def _ddp(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
     """(bytes of the optimizer's state tensors, how many parameters have state)."""
-    nbytes = sum(t.numel() * t.element_size() for s in optimizer.state.values()
-                 for t in s.values() if isinstance(t, Tensor))
-    return nbytes, len(optimizer.state)
+    return optimizer_state_bytes(optimizer), len(optimizer.state)
 
 
 def _zero(config: TourConfig, ids: Tensor, rank: int) -> dict[str, Any]:

@@ -89,6 +89,12 @@ class Bucket(NamedTuple):
     offsets: list[int]  # len(params) + 1
 
 
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the tensors a torch optimizer's state holds (AdamW: m, v and the step)."""
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if isinstance(t, Tensor))
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1: each rank builds `optimizer_cls(**kwargs)` over its share of the
     parameters (shares balanced by number of elements, `partition_parameters`), steps it, and
@@ -258,10 +264,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (the tensors of its inner optimizer)."""
-        if self.inner is None:
-            return 0
-        return sum(t.numel() * t.element_size() for state in self.inner.state.values()
-                   for t in state.values() if isinstance(t, Tensor))
+        return 0 if self.inner is None else optimizer_state_bytes(self.inner)
 
     # ---- checkpoints (as torch's ZeroRedundancyOptimizer: consolidate, then state_dict) ----
     def _global_index(self) -> dict[int, int]:
